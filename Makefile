@@ -1,0 +1,58 @@
+# lingjun-rdma — `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV := .venv
+PY := $(VENV)/bin/python
+STACK ?= dev
+UV_VERSION := 0.13.9
+APT_PACKAGES := python3-venv python3-pyverbs ibverbs-providers rdma-core iproute2
+STAMP := $(VENV)/.synced
+
+.PHONY: help setup render test lint typecheck proto bench test-rdma e2e image clean
+
+help: ## List every target
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+setup: $(STAMP) ## apt packages, .venv from Debian's python3 (sees python3-pyverbs), locked deps
+$(STAMP): pyproject.toml uv.lock
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null \
+	  | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then echo "apt: installing $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
+	@command -v uv >/dev/null || python3 -m pip install -q "uv==$(UV_VERSION)"
+	@[ -x $(PY) ] || uv venv -q --python /usr/bin/python3 --system-site-packages $(VENV)
+	uv sync -q --frozen
+	@touch $@
+
+render: setup ## Offline plan + every manifest of a stack: make render STACK=dev (no credentials)
+	@echo "render: not done yet (issue 5: Pulumi program)"; exit 1
+
+test: setup ## The test suite (unit + integration; rdma/e2e have their own targets)
+	@$(PY) -m pytest -m "not rdma and not e2e" $(PYTEST_ARGS); rc=$$?; \
+	  [ $$rc -ne 5 ] || echo "pytest ran no test: that is a failure here" >&2; exit $$rc
+
+lint: setup ## ruff check + ruff format --check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: setup ## pyright strict on plugin/ and infra/ (generated stubs excluded)
+	$(VENV)/bin/pyright
+
+proto: setup ## Regenerate the committed device plugin API stubs
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+	  plugin/api/v1beta1/api.proto
+
+bench: setup ## Benchmarks: print figures (never asserted)
+	@echo "bench: not done yet (issue 4: device plugin)"; exit 1
+
+test-rdma: setup ## Real verbs in a Soft-RoCE qemu VM
+	@echo "test-rdma: not done yet (issue 6: Soft-RoCE VM)"; exit 1
+
+e2e: setup ## The plugin against a real kubelet v1.34 + containerd
+	@echo "e2e: not done yet (issue 7: real kubelet)"; exit 1
+
+image: ## Build plugin/Dockerfile (needs a container engine)
+	@echo "image: not done yet (issue 4: plugin Dockerfile)"; exit 1
+
+clean: ## Remove the venv and build outputs
+	rm -rf $(VENV) out .pytest_cache .ruff_cache

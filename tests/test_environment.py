@@ -1,0 +1,20 @@
+"""The venv `make setup` builds sees Debian's pyverbs and the project's locked packages."""
+
+import sys
+from pathlib import Path
+
+
+def test_pyverbs_imports_in_the_project_venv() -> None:
+    import pyverbs.device
+
+    assert Path(sys.prefix).name == ".venv"
+    assert hasattr(pyverbs.device, "get_device_list")
+    assert pyverbs.__file__ is not None
+    assert "dist-packages" in pyverbs.__file__
+
+
+def test_generated_device_plugin_stubs_import() -> None:
+    from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+
+    assert api_pb2.DESCRIPTOR.package == "v1beta1"
+    assert hasattr(api_pb2_grpc, "DevicePluginServicer")
