@@ -1,0 +1,2 @@
+from infra.program import main
+main()

@@ -1,0 +1,1 @@
+"""The Pulumi program: ACK Pro + Lingjun nodes, the RDMA device plugin, sample RDMA Jobs."""
