@@ -297,10 +297,10 @@ def _check_image(c: StackConfig) -> list[str]:
                 f"{_key('pluginImage')}: set together with {_key('pluginImageBuild')}: true; pick "
                 f"one (pulumi config rm {_key('pluginImage')})"
             )
-        if c.registry_username is None or c.registry_password is None:
+        if (c.registry_username is None) != (c.registry_password is None):
             problems.append(
-                f"{_key('pluginImageBuild')}: pushing to ACR needs {_key('registryUsername')} and "
-                f"{_key('registryPassword')} {_set('registryUsername', '<user>')} "
+                f"{_key('registryUsername')}/{_key('registryPassword')}: give both, or neither "
+                "to push with your own `docker login` "
                 f"(pulumi config set --secret {_key('registryPassword')} <password>)"
             )
         return problems

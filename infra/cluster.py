@@ -1,0 +1,167 @@
+"""ACK Pro cluster with a Lingjun node pool (or an adopted cluster), and its Kubernetes provider."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.alicloud import cs, eflo
+from infra.network import Network
+
+# Created with the cluster because ACK installs them only at creation (or by hand later).
+# The managed `ack-rdma-device-plugin` is deliberately absent: our DaemonSet replaces it, and two
+# plugins registering the same resource name would fight over the kubelet's socket.
+# aliyun-acr-credential-helper lets nodes pull the plugin image we push to ACR without a Secret.
+CLUSTER_ADDONS = ("terway-eniip", "csi-plugin", "csi-provisioner", "aliyun-acr-credential-helper")
+
+
+@dataclass(frozen=True)
+class LingjunGroup:
+    """The eflo (Lingjun) cluster and node group to create when none is adopted."""
+
+    machine_type: str
+    image_id: str
+    hpn_zone: str
+    zone_id: str
+    compute_network_ipv6: bool
+
+
+@dataclass(frozen=True)
+class ClusterArgs:
+    kubernetes_version: str | None
+    service_cidr: str
+    ipv6: bool
+    node_count: int
+    # Adopt an existing Lingjun node group (both set) or create one (`create_group`).
+    lingjun_cluster_id: str | None
+    lingjun_node_group_id: str | None
+    create_group: LingjunGroup | None
+
+
+class Cluster(pulumi.ComponentResource):
+    """ACK Pro (`ack.pro.small`) + a `lingjun` node pool backed by an eflo node group."""
+
+    cluster_id: pulumi.Output[str]
+    node_pool_id: pulumi.Output[str]
+    kubeconfig: pulumi.Output[str]
+    provider: k8s.Provider
+
+    def __init__(
+        self,
+        name: str,
+        args: ClusterArgs,
+        network: Network,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("lingjun:cluster:Cluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        ack = cs.ManagedKubernetes(
+            f"{name}-ack",
+            name=name,
+            cluster_spec="ack.pro.small",
+            version=args.kubernetes_version,
+            ip_stack="dual" if args.ipv6 else "ipv4",
+            vswitch_ids=network.vswitch_ids,
+            pod_vswitch_ids=network.vswitch_ids,
+            service_cidr=args.service_cidr,
+            new_nat_gateway=True,
+            # Pulumi applies the Kubernetes objects from outside the VPC.
+            slb_internet_enabled=True,
+            addons=[cs.ManagedKubernetesAddonArgs(name=a) for a in CLUSTER_ADDONS],
+            opts=child,
+        )
+        eflo_cluster_id, group_id = self._lingjun_group(name, args, network, child)
+        pool = cs.NodePool(
+            f"{name}-lingjun",
+            node_pool_name=f"{name}-lingjun",
+            cluster_id=ack.id,
+            type="lingjun",
+            eflo_node_group=cs.NodePoolEfloNodeGroupArgs(
+                cluster_id=eflo_cluster_id, group_id=group_id
+            ),
+            vswitch_ids=network.vswitch_ids,
+            desired_size=str(args.node_count),
+            opts=child,
+        )
+        self.cluster_id = ack.id
+        self.node_pool_id = pool.id
+        self.kubeconfig = _credential(ack.id, self)
+        self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, opts=child)
+        self.register_outputs(
+            {
+                "cluster_id": self.cluster_id,
+                "node_pool_id": self.node_pool_id,
+                "kubeconfig": self.kubeconfig,
+            }
+        )
+
+    @staticmethod
+    def _lingjun_group(
+        name: str, args: ClusterArgs, network: Network, child: pulumi.ResourceOptions
+    ) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
+        group = args.create_group
+        if group is None:
+            assert args.lingjun_cluster_id is not None and args.lingjun_node_group_id is not None
+            return args.lingjun_cluster_id, args.lingjun_node_group_id
+        lingjun = eflo.Cluster(
+            f"{name}-eflo",
+            cluster_name=name,
+            cluster_type="Lite",
+            hpn_zone=group.hpn_zone,
+            networks=eflo.ClusterNetworksArgs(
+                # The compute network's IP version is fixed at creation; nonHostNetwork RDMA
+                # works only when it is IPv6 (the product doc's precondition).
+                tail_ip_version="ipv6" if group.compute_network_ipv6 else "ipv4",
+                vpc_id=network.vpc_id,
+                vswitch_id=network.vswitch_ids[0],
+                vswitch_zone_id=group.zone_id,
+            ),
+            opts=child,
+        )
+        node_group = eflo.NodeGroup(
+            f"{name}-eflo-group",
+            node_group_name=f"{name}-group",
+            cluster_id=lingjun.id,
+            az=group.zone_id,
+            zone_id=group.zone_id,
+            machine_type=group.machine_type,
+            image_id=group.image_id,
+            opts=child,
+        )
+        return lingjun.id, node_group.id
+
+
+class ExistingCluster(pulumi.ComponentResource):
+    """An adopted cluster: no cloud resource, only a provider from its kubeconfig."""
+
+    kubeconfig: pulumi.Output[str]
+    provider: k8s.Provider
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        cluster_id: str | None,
+        kubeconfig: str | None,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("lingjun:cluster:ExistingCluster", name, None, opts)
+        if kubeconfig is not None:
+            self.kubeconfig = pulumi.Output.secret(kubeconfig)
+        else:
+            assert cluster_id is not None, "config.py refuses existing mode without either"
+            self.kubeconfig = _credential(pulumi.Output.from_input(cluster_id), self)
+        self.provider = k8s.Provider(
+            f"{name}-k8s", kubeconfig=self.kubeconfig, opts=pulumi.ResourceOptions(parent=self)
+        )
+        self.register_outputs({"kubeconfig": self.kubeconfig})
+
+
+def _credential(cluster_id: pulumi.Output[str], parent: pulumi.Resource) -> pulumi.Output[str]:
+    """The cluster's kubeconfig from ACK, as a secret output."""
+    credential = cs.get_cluster_credential_output(
+        cluster_id=cluster_id, opts=pulumi.InvokeOutputOptions(parent=parent)
+    )
+    return pulumi.Output.secret(credential.kube_config)

@@ -1,0 +1,307 @@
+"""RdmaDevicePlugin: image, namespace, ServiceAccount, ConfigMap and the DaemonSet on Lingjun nodes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+import pulumi_docker_build as docker_build
+import pulumi_kubernetes as k8s
+
+from infra.alicloud import cr
+from plugin.config import (
+    DEFAULT_CONFIG_PATH,
+    DEFAULT_DEVICE_PLUGIN_DIR,
+    DEFAULT_METRICS_PORT,
+    PluginConfig,
+)
+
+LINGJUN_NODE_LABEL = "alibabacloud.com/lingjun-worker"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+APP_LABEL = "app.kubernetes.io/name"
+
+
+@dataclass(frozen=True)
+class ImageBuild:
+    """Build plugin/Dockerfile and push it to an ACR (personal edition) repository we create."""
+
+    region: str
+    # ACR login for the push and an image pull Secret. None: push with the deployer's own
+    # `docker login`, pull with ACK's ACR credential helper add-on.
+    username: str | None
+    password: str | None  # wrapped as a secret output before it reaches any resource
+
+
+@dataclass(frozen=True)
+class DevicePluginArgs:
+    namespace: str
+    plugin_config: PluginConfig
+    image: str | None
+    build: ImageBuild | None
+
+
+class RdmaDevicePlugin(pulumi.ComponentResource):
+    """Our RDMA device plugin as a DaemonSet; its ConfigMap is the plugin's own config model."""
+
+    daemonset_name: pulumi.Output[str]
+    image: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: DevicePluginArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("lingjun:rdma:DevicePlugin", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        pull_secrets: list[k8s.core.v1.LocalObjectReferenceArgs] = []
+        namespace = k8s.core.v1.Namespace(
+            f"{name}-ns",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=args.namespace),
+            opts=child,
+        )
+        in_ns = pulumi.ResourceOptions(parent=self, depends_on=[namespace])
+        if args.build is not None:
+            self.image = self._build_image(name, args.build, child)
+            if args.build.username is not None and args.build.password is not None:
+                secret = self._pull_secret(
+                    name, args.namespace, args.build.region, args.build.username,
+                    args.build.password, in_ns,
+                )
+                pull_secrets.append(k8s.core.v1.LocalObjectReferenceArgs(name=secret))
+        else:
+            assert args.image is not None, "config.py requires pluginImage or pluginImageBuild"
+            self.image = pulumi.Output.from_input(args.image)
+        labels = {APP_LABEL: name}
+        account = k8s.core.v1.ServiceAccount(
+            f"{name}-sa",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=name, namespace=args.namespace, labels=labels),
+            # The plugin talks to the kubelet's unix socket only, never to the API server:
+            # no RBAC, and no token mounted.
+            automount_service_account_token=False,
+            opts=in_ns,
+        )
+        config_yaml = args.plugin_config.to_yaml()
+        config_map = k8s.core.v1.ConfigMap(
+            f"{name}-config",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=name, namespace=args.namespace, labels=labels),
+            data={DEFAULT_CONFIG_PATH.name: config_yaml},
+            opts=in_ns,
+        )
+        daemonset = k8s.apps.v1.DaemonSet(
+            f"{name}-ds",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=name, namespace=args.namespace, labels=labels),
+            spec=_daemonset_spec(
+                name=name,
+                labels=labels,
+                image=self.image,
+                service_account=account.metadata.name,
+                config_map=config_map.metadata.name,
+                config_sha256=hashlib.sha256(config_yaml.encode()).hexdigest(),
+                pull_secrets=pull_secrets,
+            ),
+            opts=in_ns,
+        )
+        self.daemonset_name = daemonset.metadata.name
+        self.register_outputs({"daemonset_name": self.daemonset_name, "image": self.image})
+
+    def _build_image(
+        self, name: str, build: ImageBuild, child: pulumi.ResourceOptions
+    ) -> pulumi.Output[str]:
+        namespace = cr.Namespace(
+            f"{name}-acr-ns",
+            name=name,
+            auto_create=False,
+            default_visibility="PRIVATE",
+            opts=child,
+        )
+        repo = cr.Repo(
+            f"{name}-acr-repo",
+            name="rdma-device-plugin",
+            namespace=namespace.name,
+            repo_type="PRIVATE",
+            summary="lingjun-rdma device plugin (built by Pulumi from plugin/Dockerfile)",
+            opts=child,
+        )
+        registry = _registry(build.region)
+        image = docker_build.Image(
+            f"{name}-image",
+            push=True,
+            context=docker_build.BuildContextArgs(location=str(REPO_ROOT)),
+            dockerfile=docker_build.DockerfileArgs(
+                location=str(REPO_ROOT / "plugin" / "Dockerfile")
+            ),
+            platforms=[docker_build.Platform.LINUX_AMD64],
+            tags=[pulumi.Output.concat(registry, "/", namespace.name, "/", repo.name, ":latest")],
+            registries=[
+                docker_build.RegistryArgs(
+                    address=registry,
+                    username=build.username,
+                    password=pulumi.Output.secret(build.password),
+                )
+            ]
+            if build.username is not None and build.password is not None
+            else None,
+            opts=child,
+        )
+        # `ref` carries the pushed digest: the DaemonSet pins it, so a rebuild rolls the pods.
+        return image.ref
+
+    def _pull_secret(
+        self,
+        name: str,
+        namespace: str,
+        region: str,
+        username: str,
+        password: str,
+        opts: pulumi.ResourceOptions,
+    ) -> str:
+        secret_name = f"{name}-pull"
+        auth = {"auths": {_registry(region): {"username": username, "password": password}}}
+        k8s.core.v1.Secret(
+            f"{name}-pull",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=secret_name, namespace=namespace),
+            type="kubernetes.io/dockerconfigjson",
+            string_data=pulumi.Output.secret({".dockerconfigjson": json.dumps(auth)}),
+            opts=opts,
+        )
+        return secret_name
+
+
+def _registry(region: str) -> str:
+    return f"registry.{region}.aliyuncs.com"
+
+
+def plugin_command() -> list[str]:
+    """The plugin's CLI, with the paths and port from plugin/config.py."""
+    return [
+        "python",
+        "-m",
+        "plugin",
+        "--config",
+        str(DEFAULT_CONFIG_PATH),
+        "--sysfs-root",
+        "/sys",
+        "--dev-root",
+        "/dev",
+        "--device-plugin-dir",
+        str(DEFAULT_DEVICE_PLUGIN_DIR),
+        "--discovery",
+        "auto",
+        "--rescan-interval",
+        "5",
+        "--metrics-address",
+        f"0.0.0.0:{DEFAULT_METRICS_PORT}",
+        "--log-level",
+        "info",
+    ]
+
+
+def _host_path(name: str, path: str) -> k8s.core.v1.VolumeArgs:
+    return k8s.core.v1.VolumeArgs(
+        name=name, host_path=k8s.core.v1.HostPathVolumeSourceArgs(path=path, type="Directory")
+    )
+
+
+def _probe(initial_delay: int) -> k8s.core.v1.ProbeArgs:
+    return k8s.core.v1.ProbeArgs(
+        http_get=k8s.core.v1.HTTPGetActionArgs(path="/healthz", port="metrics"),
+        initial_delay_seconds=initial_delay,
+        period_seconds=10,
+        failure_threshold=3,
+    )
+
+
+def _daemonset_spec(
+    *,
+    name: str,
+    labels: dict[str, str],
+    image: pulumi.Input[str],
+    service_account: pulumi.Input[str],
+    config_map: pulumi.Input[str],
+    config_sha256: str,
+    pull_secrets: list[k8s.core.v1.LocalObjectReferenceArgs],
+) -> k8s.apps.v1.DaemonSetSpecArgs:
+    container = k8s.core.v1.ContainerArgs(
+        name="plugin",
+        image=image,
+        command=plugin_command(),
+        ports=[
+            k8s.core.v1.ContainerPortArgs(
+                name="metrics", container_port=DEFAULT_METRICS_PORT, protocol="TCP"
+            )
+        ],
+        liveness_probe=_probe(initial_delay=10),
+        readiness_probe=_probe(initial_delay=2),
+        resources=k8s.core.v1.ResourceRequirementsArgs(
+            requests={"cpu": "50m", "memory": "64Mi"},
+            limits={"cpu": "500m", "memory": "256Mi"},
+        ),
+        # Root because the kubelet's device-plugins dir is root-owned 0755: the owner may create
+        # its socket there without CAP_DAC_OVERRIDE. Reading link state over netlink and sysfs
+        # needs no capability either, so every capability is dropped. nonHostNetwork adds no
+        # privilege here: pods off the host network get their RDMA through the kernel's shared
+        # netns mode and the char devices Allocate hands out, not through this container.
+        security_context=k8s.core.v1.SecurityContextArgs(
+            run_as_user=0,
+            run_as_non_root=False,
+            privileged=False,
+            allow_privilege_escalation=False,
+            read_only_root_filesystem=True,
+            capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
+            seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault"),
+        ),
+        volume_mounts=[
+            k8s.core.v1.VolumeMountArgs(
+                name="device-plugins", mount_path=str(DEFAULT_DEVICE_PLUGIN_DIR)
+            ),
+            k8s.core.v1.VolumeMountArgs(name="sys", mount_path="/sys", read_only=True),
+            k8s.core.v1.VolumeMountArgs(
+                name="infiniband", mount_path="/dev/infiniband", read_only=True
+            ),
+            k8s.core.v1.VolumeMountArgs(
+                name="config", mount_path=str(DEFAULT_CONFIG_PATH.parent), read_only=True
+            ),
+            k8s.core.v1.VolumeMountArgs(name="tmp", mount_path="/tmp"),
+        ],
+    )
+    pod = k8s.core.v1.PodSpecArgs(
+        # The health watcher follows the host's RDMA netdevs over netlink; those links exist only
+        # in the host's network namespace.
+        host_network=True,
+        dns_policy="ClusterFirstWithHostNet",
+        priority_class_name="system-node-critical",
+        service_account_name=service_account,
+        automount_service_account_token=False,
+        node_selector={LINGJUN_NODE_LABEL: "true"},
+        tolerations=[k8s.core.v1.TolerationArgs(operator="Exists")],
+        image_pull_secrets=pull_secrets or None,
+        containers=[container],
+        volumes=[
+            _host_path("device-plugins", str(DEFAULT_DEVICE_PLUGIN_DIR)),
+            _host_path("sys", "/sys"),
+            _host_path("infiniband", "/dev/infiniband"),
+            k8s.core.v1.VolumeArgs(
+                name="config", config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=config_map)
+            ),
+            # Writable scratch for Python with a read-only root filesystem.
+            k8s.core.v1.VolumeArgs(
+                name="tmp", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit="16Mi")
+            ),
+        ],
+    )
+    return k8s.apps.v1.DaemonSetSpecArgs(
+        selector=k8s.meta.v1.LabelSelectorArgs(match_labels=labels),
+        update_strategy=k8s.apps.v1.DaemonSetUpdateStrategyArgs(
+            type="RollingUpdate",
+            rolling_update=k8s.apps.v1.RollingUpdateDaemonSetArgs(max_unavailable=1),
+        ),
+        template=k8s.core.v1.PodTemplateSpecArgs(
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                labels=labels,
+                # A ConfigMap edit alone does not restart pods; this hash makes a config change roll them.
+                annotations={"lingjun-rdma/config-sha256": config_sha256},
+            ),
+            spec=pod,
+        ),
+    )

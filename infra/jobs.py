@@ -1,0 +1,255 @@
+"""RdmaJob: a typed spec for a batch/v1 Job on RDMA nodes, and the sample Jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+RDMA_CAPABILITIES = ("SYS_RESOURCE", "IPC_LOCK")  # raise the memlock limit; pin RDMA buffers
+SHM_SIZE = "8Gi"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+
+# Alibaba PAI's NCCL settings for Lingjun's RoCE fabric (REFERENCE §1).
+LINGJUN_NCCL_ENV = {
+    "NCCL_IB_GID_INDEX": "3",
+    "NCCL_IB_TC": "136",
+    "NCCL_IB_SL": "5",
+    "NCCL_IB_HCA": "mlx5",
+    "NCCL_IB_TIMEOUT": "22",
+    "NCCL_IB_QPS_PER_CONNECTION": "8",
+    "NCCL_SOCKET_IFNAME": "eth",
+}
+
+
+class JobSpecError(ValueError):
+    """An RdmaJob the stack cannot run; the message names the Job, the stack key and the fix."""
+
+
+@dataclass(frozen=True)
+class RdmaJobSpec:
+    """What an RDMA Job asks for; rendered to a batch/v1 Job by `RdmaJob`."""
+
+    name: str
+    image: str
+    command: tuple[str, ...]
+    gpus: int = 0
+    rdma: int = 1
+    shm_size: str | None = SHM_SIZE
+    capabilities: tuple[str, ...] = RDMA_CAPABILITIES
+    # None follows the stack: hostNetwork unless the stack enables nonHostNetwork.
+    host_network: bool | None = None
+    parallelism: int = 1
+    completions: int | None = None
+    indexed: bool = False
+    # Each pod on its own node (required anti-affinity), e.g. the two ends of a bandwidth test.
+    one_per_node: bool = False
+    # A headless Service of this name gives the pods stable DNS names (`<job>-<index>.<name>`).
+    headless_service: bool = False
+    env: Mapping[str, str] = field(default_factory=dict[str, str])
+    working_dir: str | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict[str, str])
+    tolerate_all: bool = True
+    backoff_limit: int | None = None
+
+
+@dataclass(frozen=True)
+class RdmaJobArgs:
+    spec: RdmaJobSpec
+    namespace: str
+    resource_name: str
+    non_host_network: bool
+    # None: annotate pulumi.com/skipAwait; else how long `pulumi up` waits for completion.
+    await_timeout: str | None = None
+
+
+def resolve_host_network(spec: RdmaJobSpec, non_host_network: bool) -> bool:
+    """The Job's hostNetwork; a hostNetwork-only stack refuses a Job asking for pod networking."""
+    if spec.host_network is None:
+        return not non_host_network
+    if not spec.host_network and not non_host_network:
+        raise JobSpecError(
+            f"Job {spec.name}: asks for pod networking (host_network=False) but the stack is "
+            "hostNetwork-only, where RDMA works only in hostNetwork pods: leave host_network "
+            "unset, or enable it (pulumi config set lingjun-rdma:computeNetworkIpv6 true; "
+            "pulumi config set lingjun-rdma:nonHostNetwork true)"
+        )
+    return spec.host_network
+
+
+class RdmaJob(pulumi.ComponentResource):
+    """A batch/v1 Job asking for RDMA (and GPUs), plus its headless Service when it has one."""
+
+    job_name: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: RdmaJobArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("lingjun:rdma:Job", name, None, opts)
+        spec = args.spec
+        host_network = resolve_host_network(spec, args.non_host_network)
+        child = pulumi.ResourceOptions(parent=self)
+        if spec.headless_service:
+            k8s.core.v1.Service(
+                f"{name}-svc",
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=spec.name, namespace=args.namespace),
+                spec=k8s.core.v1.ServiceSpecArgs(
+                    cluster_ip="None",
+                    selector={JOB_NAME_LABEL: spec.name},
+                    # Peers resolve each other while still starting, before any readiness.
+                    publish_not_ready_addresses=True,
+                ),
+                opts=child,
+            )
+        annotations: dict[str, str] = {}
+        job_opts = child
+        if args.await_timeout is None:
+            # pulumi-kubernetes otherwise blocks `pulumi up` until the Job completes.
+            annotations["pulumi.com/skipAwait"] = "true"
+        else:
+            job_opts = pulumi.ResourceOptions.merge(
+                child,
+                pulumi.ResourceOptions(
+                    custom_timeouts=pulumi.CustomTimeouts(
+                        create=args.await_timeout, update=args.await_timeout
+                    )
+                ),
+            )
+        job = k8s.batch.v1.Job(
+            f"{name}-job",
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=spec.name, namespace=args.namespace, annotations=annotations
+            ),
+            spec=job_spec(spec, resource_name=args.resource_name, host_network=host_network),
+            opts=job_opts,
+        )
+        self.job_name = job.metadata.name
+        self.register_outputs({"job_name": self.job_name})
+
+
+def job_spec(spec: RdmaJobSpec, *, resource_name: str, host_network: bool) -> k8s.batch.v1.JobSpecArgs:
+    """The typed batch/v1 JobSpec for an RdmaJobSpec."""
+    limits = {resource_name: str(spec.rdma)}
+    if spec.gpus:
+        limits = {"nvidia.com/gpu": str(spec.gpus), **limits}
+    mounts: list[k8s.core.v1.VolumeMountArgs] = []
+    volumes: list[k8s.core.v1.VolumeArgs] = []
+    if spec.shm_size is not None:
+        # NCCL and MPI move data through /dev/shm; the runtime's default 64Mi is far too small.
+        mounts.append(k8s.core.v1.VolumeMountArgs(name="shm", mount_path="/dev/shm"))
+        volumes.append(
+            k8s.core.v1.VolumeArgs(
+                name="shm",
+                empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(
+                    medium="Memory", size_limit=spec.shm_size
+                ),
+            )
+        )
+    container = k8s.core.v1.ContainerArgs(
+        name=spec.name,
+        image=spec.image,
+        command=list(spec.command),
+        env=[k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in spec.env.items()] or None,
+        resources=k8s.core.v1.ResourceRequirementsArgs(limits=limits),
+        working_dir=spec.working_dir,
+        volume_mounts=mounts or None,
+        security_context=k8s.core.v1.SecurityContextArgs(
+            capabilities=k8s.core.v1.CapabilitiesArgs(add=list(spec.capabilities))
+        )
+        if spec.capabilities
+        else None,
+    )
+    pod = k8s.core.v1.PodSpecArgs(
+        containers=[container],
+        restart_policy="Never",
+        volumes=volumes or None,
+        host_network=host_network,
+        # A hostNetwork pod resolves cluster names (its peers' Service) only with this policy.
+        dns_policy="ClusterFirstWithHostNet" if host_network and spec.headless_service else None,
+        subdomain=spec.name if spec.headless_service else None,
+        tolerations=[k8s.core.v1.TolerationArgs(operator="Exists")] if spec.tolerate_all else None,
+        node_selector=dict(spec.node_selector) or None,
+        affinity=_one_per_node(spec.name) if spec.one_per_node else None,
+    )
+    return k8s.batch.v1.JobSpecArgs(
+        parallelism=spec.parallelism,
+        completions=spec.completions,
+        completion_mode="Indexed" if spec.indexed else None,
+        backoff_limit=spec.backoff_limit,
+        template=k8s.core.v1.PodTemplateSpecArgs(spec=pod),
+    )
+
+
+def _one_per_node(job_name: str) -> k8s.core.v1.AffinityArgs:
+    return k8s.core.v1.AffinityArgs(
+        pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
+            required_during_scheduling_ignored_during_execution=[
+                k8s.core.v1.PodAffinityTermArgs(
+                    label_selector=k8s.meta.v1.LabelSelectorArgs(
+                        match_labels={JOB_NAME_LABEL: job_name}
+                    ),
+                    topology_key="kubernetes.io/hostname",
+                )
+            ]
+        )
+    )
+
+
+def hps_benchmark(image: str) -> RdmaJobSpec:
+    """The product doc's sample, field for field."""
+    return RdmaJobSpec(
+        name="hps-benchmark",
+        image=image,
+        command=("sh", "-c", "python /workspace/wdl_8gpu_outbrain.py\n"),
+        gpus=8,
+        rdma=1,
+        working_dir="/root",
+        parallelism=1,
+    )
+
+
+# Index 0 serves; index 1 retries until the server listens. -R uses rdma_cm, which picks the GID
+# for the address it resolves, so the same command works on the host network and off it.
+def _perftest_script(name: str) -> str:
+    bw = "ib_write_bw -R -F --report_gbits -D 10"
+    return (
+        f'if [ "$JOB_COMPLETION_INDEX" = 0 ]; then exec {bw}; fi\n'
+        "for i in $(seq 60); do\n"
+        f"  {bw} {name}-0.{name} && exit 0\n"
+        "  sleep 2\n"
+        "done\n"
+        "exit 1\n"
+    )
+
+
+def perftest(image: str) -> RdmaJobSpec:
+    """An ib_write_bw server/client pair on two nodes: an Indexed Job with a headless Service."""
+    name = "perftest"
+    return RdmaJobSpec(
+        name=name,
+        image=image,
+        command=("sh", "-c", _perftest_script(name)),
+        parallelism=2,
+        completions=2,
+        indexed=True,
+        one_per_node=True,
+        headless_service=True,
+        backoff_limit=0,
+    )
+
+
+def nccl_tests(image: str) -> RdmaJobSpec:
+    """all_reduce_perf over 8 GPUs with Lingjun's NCCL RDMA settings."""
+    return RdmaJobSpec(
+        name="nccl-tests",
+        image=image,
+        command=("all_reduce_perf", "-b", "8", "-e", "8G", "-f", "2", "-g", "8"),
+        gpus=8,
+        env={**LINGJUN_NCCL_ENV, "NCCL_DEBUG": "INFO"},
+        backoff_limit=0,
+    )
+
+
+SAMPLES = {"hps-benchmark": hps_benchmark, "perftest": perftest, "nccl-tests": nccl_tests}

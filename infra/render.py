@@ -1,0 +1,262 @@
+"""Offline render: run the program under Pulumi's mock engine, write every manifest and plan.md.
+
+    python -m infra.render --stack dev --out out/dev [--set KEY=VALUE]...
+
+No Pulumi CLI and no credentials: the stack's YAML and Pulumi.yaml's defaults are loaded here
+(mocks read neither), every Kubernetes object is checked against the Kubernetes 1.34 schema, and
+the output directory is replaced only when everything succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import kubernetes_validate
+import pulumi
+import yaml
+from kubernetes_validate.utils import ValidationError as SchemaError
+
+from infra.config import PROJECT, StackConfigError
+from infra.jobs import JobSpecError
+from infra.program import main as program_main
+from plugin.config import ConfigError
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+KUBERNETES_VERSION = "1.34.0"
+SECRET = "[secret]"
+# How Pulumi's wire format marks a secret value inside resource inputs.
+_SIG_KEY = "4dabf18193072939515e22adb298388d"
+_SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+# What the mocked ACK credential call returns in place of a real kubeconfig.
+OFFLINE_KUBECONFIG = "apiVersion: v1\nkind: Config\n# offline render: ACK returns the real one\n"
+
+
+class RenderError(RuntimeError):
+    """The render cannot produce a correct output; nothing was written."""
+
+
+@dataclass(frozen=True)
+class Registered:
+    """One resource the program registered, with its inputs as the engine received them."""
+
+    type: str
+    name: str
+    inputs: dict[str, Any]
+    custom: bool
+
+    @property
+    def is_kubernetes_object(self) -> bool:
+        return self.custom and self.type.startswith("kubernetes:")
+
+
+@dataclass
+class RecordingMocks(pulumi.runtime.Mocks):
+    """Records every registration; echoes inputs as outputs, plus what a real provider adds."""
+
+    resources: list[Registered] = field(default_factory=list[Registered])
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[Any, Any]]:
+        inputs = cast(dict[str, Any], args.inputs)
+        self.resources.append(Registered(args.typ, args.name, inputs, bool(args.custom)))
+        state = dict(inputs)
+        if args.typ == "docker-build:index:Image":
+            digest = hashlib.sha256(args.name.encode()).hexdigest()
+            state["ref"] = f"{inputs['tags'][0]}@sha256:{digest}"
+        return f"{args.name}-id", state
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[Any, Any]:
+        if args.token == "alicloud:cs/getClusterCredential:getClusterCredential":
+            return {"clusterId": args.args["clusterId"], "kubeConfig": OFFLINE_KUBECONFIG}
+        return {}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    resources: list[Registered]
+    # export name -> (value, is_secret)
+    outputs: dict[str, tuple[Any, bool]]
+
+
+def stack_config(
+    stack: str, overrides: list[str] | None = None, project_dir: Path = PROJECT_DIR
+) -> tuple[dict[str, str], list[str]]:
+    """Pulumi.yaml defaults, then stacks/Pulumi.<stack>.yaml, then KEY=VALUE overrides."""
+    stack_file = project_dir / "stacks" / f"Pulumi.{stack}.yaml"
+    if not stack_file.is_file():
+        known = sorted(p.name.split(".")[1] for p in (project_dir / "stacks").glob("Pulumi.*.yaml"))
+        raise RenderError(f"--stack {stack}: no {stack_file}; stacks: {', '.join(known)}")
+    project = yaml.safe_load((project_dir / "Pulumi.yaml").read_text())
+    config: dict[str, str] = {}
+    secret_keys: list[str] = []
+    for key, schema in (project.get("config") or {}).items():
+        if isinstance(schema, dict) and "default" in schema:
+            config[_qualify(key)] = _as_config_string(schema["default"])
+    for key, value in (yaml.safe_load(stack_file.read_text()).get("config") or {}).items():
+        if isinstance(value, dict) and "secure" in value:
+            # Only the Pulumi CLI can decrypt; the render shows where a secret goes, not its value.
+            config[_qualify(key)] = SECRET
+            secret_keys.append(_qualify(key))
+        else:
+            config[_qualify(key)] = _as_config_string(value)
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise RenderError(f"--set {item!r}: expected KEY=VALUE, e.g. --set nonHostNetwork=true")
+        config[_qualify(key)] = value
+    return config, secret_keys
+
+
+def _qualify(key: str) -> str:
+    return key if ":" in key else f"{PROJECT}:{key}"
+
+
+def _as_config_string(value: Any) -> str:
+    """Config values as the Pulumi CLI hands them to a program: strings, JSON for structures."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return str(value)
+
+
+def run_program(stack: str, config: dict[str, str], secret_keys: list[str]) -> RunResult:
+    """Run main() under the mock engine with this config; raises what main() raises."""
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
+    pulumi.runtime.set_all_config(config, secret_keys)
+    outputs: dict[str, tuple[Any, bool]] = {}
+
+    async def collect(exports: dict[str, pulumi.Output[Any]]) -> None:
+        for key, output in exports.items():
+            outputs[key] = (await output.future(), await output.is_secret())
+
+    def program() -> Any:
+        return collect(program_main())
+
+    pulumi.runtime.test(program)()
+    return RunResult(resources=list(mocks.resources), outputs=outputs)
+
+
+def redact(value: Any) -> Any:
+    """Replace every secret inside engine inputs by [secret]."""
+    if isinstance(value, dict):
+        d = cast(dict[str, Any], value)
+        if d.get(_SIG_KEY) == _SECRET_SIG:
+            return SECRET
+        return {k: redact(v) for k, v in d.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in cast(list[Any], value)]
+    return value
+
+
+def check_unique(result: RunResult) -> None:
+    """Mocks accept duplicate URNs and the real engine refuses them: check names here."""
+    urns = Counter((r.type, r.name) for r in result.resources)
+    objects = Counter(_object_id(r.inputs) for r in result.resources if r.is_kubernetes_object)
+    dupes = [f"{t} {n}" for (t, n), c in urns.items() if c > 1]
+    dupes += [f"Kubernetes object {o}" for o, c in objects.items() if c > 1]
+    if dupes:
+        raise RenderError("duplicate names: " + "; ".join(sorted(dupes)))
+
+
+def _object_id(manifest: dict[str, Any]) -> str:
+    meta = manifest.get("metadata", {})
+    ns = meta.get("namespace", "")
+    return f"{manifest['kind']}/{ns + '/' if ns else ''}{meta.get('name', '')}"
+
+
+def manifests(result: RunResult) -> list[dict[str, Any]]:
+    """Every Kubernetes object, secrets redacted, in registration order."""
+    return [redact(r.inputs) for r in result.resources if r.is_kubernetes_object]
+
+
+def validate(manifest: dict[str, Any]) -> None:
+    """Strict schema check against Kubernetes 1.34 (bundled schemas, no network)."""
+    try:
+        kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+    except SchemaError as exc:
+        path = ".".join(str(p) for p in exc.path)
+        raise RenderError(f"{_object_id(manifest)}: {path or '(top)'}: {exc.message}") from None
+
+
+def file_name(manifest: dict[str, Any]) -> str:
+    meta = manifest.get("metadata", {})
+    parts = [manifest["kind"].lower(), meta.get("namespace"), meta.get("name")]
+    return "-".join(p for p in parts if p) + ".yaml"
+
+
+def plan_markdown(stack: str, result: RunResult, files: list[str]) -> str:
+    """Cloud resources with their inputs, the Kubernetes files, and the stack outputs."""
+    lines = [f"# Plan: stack `{stack}` (offline render, Pulumi mocks)", "", "## Cloud resources", ""]
+    cloud = [r for r in result.resources if r.custom and not r.is_kubernetes_object]
+    if not cloud:
+        lines.append("(none: this stack adopts an existing cluster)")
+    for r in cloud:
+        lines += [f"### `{r.name}` ({r.type})", "", "```yaml"]
+        lines.append(yaml.safe_dump(redact(r.inputs), sort_keys=True).rstrip())
+        lines += ["```", ""]
+    lines += ["", "## Kubernetes objects", ""]
+    lines += [f"- `{f}`" for f in files]
+    lines += ["", "## Outputs", "", "| output | value |", "| --- | --- |"]
+    for key, (value, secret) in result.outputs.items():
+        shown = SECRET if secret else json.dumps(value)
+        lines.append(f"| `{key}` | `{shown}` |")
+    return "\n".join(lines) + "\n"
+
+
+def render(stack: str, out: Path, overrides: list[str] | None = None) -> list[Path]:
+    """Render the stack into `out` (replaced as a whole, only on success); returns the files."""
+    config, secret_keys = stack_config(stack, overrides)
+    result = run_program(stack, config, secret_keys)
+    check_unique(result)
+    objects = manifests(result)
+    for manifest in objects:
+        validate(manifest)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        names = [file_name(m) for m in objects]
+        for name, manifest in zip(names, objects, strict=True):
+            (staging / name).write_text(yaml.safe_dump(manifest, sort_keys=False))
+        (staging / "plan.md").write_text(plan_markdown(stack, result, names))
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return sorted(out.iterdir())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.render", description=__doc__)
+    parser.add_argument("--stack", required=True, help="dev, staging, prod or local")
+    parser.add_argument("--out", type=Path, required=True, help="directory to (re)write")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key of the stack, e.g. --set nonHostNetwork=true",
+    )
+    args = parser.parse_args(argv)
+    try:
+        files = render(args.stack, args.out, args.set)
+    except (RenderError, StackConfigError, JobSpecError, ConfigError) as exc:
+        print(f"render: {args.stack}: error:\n{exc}", file=sys.stderr)
+        return 1
+    print(f"render: {args.stack}: wrote {len(files)} files to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
