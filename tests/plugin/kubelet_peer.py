@@ -47,7 +47,9 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
     ) -> api_pb2.Empty:
         if request.version != "v1beta1":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unsupported version")
-        channel = grpc.aio.insecure_channel(f"unix://{self.dir / request.endpoint}", options=OPTIONS)
+        channel = grpc.aio.insecure_channel(
+            f"unix://{self.dir / request.endpoint}", options=OPTIONS
+        )
         stub = api_pb2_grpc.DevicePluginStub(channel)
         try:  # synchronous, as in kubelet 1.34: a plugin that does not answer fails Register
             options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=10)
@@ -110,9 +112,9 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
         reg = self.current(resource)
         return reg.updates[-1][1] if reg is not None and reg.updates else []
 
-    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    async def wait_for(self, predicate: Callable[[], bool], limit: float = 10.0) -> None:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(predicate), timeout)
+            await asyncio.wait_for(self._changed.wait_for(predicate), limit)
 
     async def wait_registrations(self, count: int, resource: str = "rdma/hca") -> Registration:
         """Wait until `count` registrations happened and the newest one has its first list."""

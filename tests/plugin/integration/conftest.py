@@ -36,14 +36,23 @@ class PluginProcess:
 
     def argv(self, config: Path | None = None, *extra: str) -> list[str]:
         args = [
-            sys.executable, "-m", "plugin",
-            "--sysfs-root", str(self.tree.sys),
-            "--dev-root", str(self.tree.dev),
-            "--device-plugin-dir", str(self.plugin_dir),
-            "--discovery", "sysfs",
-            "--rescan-interval", "0.1",
-            "--metrics-address", f"127.0.0.1:{self.metrics_port}",
-            "--log-level", "debug",
+            sys.executable,
+            "-m",
+            "plugin",
+            "--sysfs-root",
+            str(self.tree.sys),
+            "--dev-root",
+            str(self.tree.dev),
+            "--device-plugin-dir",
+            str(self.plugin_dir),
+            "--discovery",
+            "sysfs",
+            "--rescan-interval",
+            "0.1",
+            "--metrics-address",
+            f"127.0.0.1:{self.metrics_port}",
+            "--log-level",
+            "debug",
         ]
         return args + (["--config", str(config)] if config else []) + list(extra)
 
@@ -57,6 +66,10 @@ class PluginProcess:
         assert self.proc is not None
         if self.proc.returncode is None:
             self.proc.send_signal(sig)
+        return await asyncio.wait_for(self.proc.wait(), 10)
+
+    async def wait(self) -> int:
+        assert self.proc is not None
         return await asyncio.wait_for(self.proc.wait(), 10)
 
     def write_config(self, text: str) -> Path:
