@@ -39,7 +39,8 @@ typecheck: setup ## pyright strict on plugin/ and infra/ (generated stubs exclud
 	$(VENV)/bin/pyright
 
 proto: setup ## Regenerate the committed device plugin API stubs
-	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -I. --python_out=. \
+	  --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. \
 	  plugin/api/v1beta1/api.proto
 
 bench: setup ## Benchmarks: print figures (never asserted)

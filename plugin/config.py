@@ -114,13 +114,10 @@ class PluginConfig(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> PluginConfig:
-        for what, values in (
-            ("name", [p.name for p in self.pools]),
-            ("resource name", [p.resource_name for p in self.pools]),
-        ):
-            dupes = sorted({v for v in values if values.count(v) > 1})
-            if dupes:
-                raise ValueError(f"duplicate pool {what} {dupes[0]!r}: give each pool its own")
+        names = [p.name for p in self.pools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:  # unique names also keep resource names and socket names unique
+            raise ValueError(f"duplicate pool name {dupes[0]!r}: give each pool its own name")
         exclusive = [p for p in self.pools if p.mode == "exclusive"]
         for i, a in enumerate(exclusive):
             for b in exclusive[i + 1 :]:
@@ -133,7 +130,11 @@ class PluginConfig(_Model):
 
     def to_yaml(self) -> str:
         """The file the plugin reads, with every default spelled out."""
-        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
+        data = self.model_dump(mode="json", by_alias=True)
+        for pool in data["pools"]:
+            if pool["mode"] == "exclusive":  # one ID per HCA: the slot count does not apply
+                del pool["maxAllocations"]
+        return yaml.safe_dump(data, sort_keys=False)
 
 
 def parse_config(data: Any, source: str) -> PluginConfig:

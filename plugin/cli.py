@@ -1,0 +1,171 @@
+"""Entry point: flags, logging, signals, and wiring the pieces together."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from plugin.config import (
+    DEFAULT_CONFIG_PATH,
+    DEFAULT_DEVICE_PLUGIN_DIR,
+    DEFAULT_METRICS_PORT,
+    ConfigError,
+    PluginConfig,
+    load_config,
+)
+from plugin.discovery.model import Discovery, DiscoveryError, Inventory
+from plugin.discovery.sysfs import SysfsDiscovery
+from plugin.health import HealthWatcher
+from plugin.kubelet import DirWatcher, Endpoint
+from plugin.metrics import Metrics, serve_http
+from plugin.pool import assign
+from plugin.server import DevicePluginServicer
+
+logger = logging.getLogger("plugin")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="rdma-device-plugin", description="Kubernetes device plugin for RDMA HCAs (rdma/hca)"
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help=f"plugin config (default {DEFAULT_CONFIG_PATH}; absent: defaults)",
+    )
+    p.add_argument("--sysfs-root", type=Path, default=Path("/sys"))
+    p.add_argument("--dev-root", type=Path, default=Path("/dev"))
+    p.add_argument("--device-plugin-dir", type=Path, default=DEFAULT_DEVICE_PLUGIN_DIR)
+    p.add_argument(
+        "--discovery",
+        choices=["auto", "verbs", "sysfs"],
+        default="auto",
+        help="auto: verbs when pyverbs finds devices, else sysfs",
+    )
+    p.add_argument(
+        "--rescan-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="periodic re-scan, the backstop behind netlink events",
+    )
+    p.add_argument(
+        "--metrics-address",
+        default=f"0.0.0.0:{DEFAULT_METRICS_PORT}",
+        help="HOST:PORT for /metrics and /healthz; empty disables",
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    args = p.parse_args(argv)
+    if args.rescan_interval <= 0:
+        p.error("--rescan-interval must be > 0")
+    return args
+
+
+def choose_discovery(kind: str, sysfs_root: Path, dev_root: Path) -> Discovery:
+    if kind == "sysfs":
+        return SysfsDiscovery(sysfs_root, dev_root)
+    try:
+        from plugin.discovery.verbs import VerbsDiscovery
+    except ImportError as exc:
+        if kind == "verbs":
+            raise DiscoveryError(f"--discovery verbs needs pyverbs ({exc})") from exc
+        logger.info("pyverbs unavailable (%s): sysfs discovery", exc)
+        return SysfsDiscovery(sysfs_root, dev_root)
+    verbs = VerbsDiscovery(sysfs_root, dev_root)
+    if kind == "verbs":
+        return verbs
+    try:
+        found = verbs.device_names()
+    except DiscoveryError as exc:
+        found = []
+        logger.info("%s", exc)
+    return verbs if found else SysfsDiscovery(sysfs_root, dev_root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(args.config or DEFAULT_CONFIG_PATH, explicit=args.config is not None)
+        discovery = choose_discovery(args.discovery, args.sysfs_root, args.dev_root)
+    except (ConfigError, DiscoveryError) as exc:
+        print(f"rdma-device-plugin: {exc}", file=sys.stderr)
+        return 2
+    logger.info(
+        "discovery: %s; pools: %s",
+        discovery.name,
+        ", ".join(f"{p.resource_name} ({p.mode})" for p in config.pools),
+    )
+    return asyncio.run(run(args, config, discovery))
+
+
+async def run(args: argparse.Namespace, config: PluginConfig, discovery: Discovery) -> int:
+    metrics = Metrics()
+    watcher = HealthWatcher(discovery, config, metrics, args.rescan_interval)
+    try:
+        views = watcher.scan()
+    except Exception:
+        logger.exception("first scan failed; starting with no devices")
+        views, _ = assign(config, Inventory())
+    endpoints: list[Endpoint] = []
+    for view in views:
+        servicer = DevicePluginServicer(view, args.dev_root, metrics, on_stream_end=lambda: None)
+        watcher.servicers[view.pool.name] = servicer
+        endpoints.append(Endpoint(servicer, args.device_plugin_dir, metrics))
+
+    def on_kubelet() -> None:
+        logger.info("kubelet.sock (re)created: registering again")
+        for e in endpoints:
+            e.wake()
+
+    def on_deleted(name: str) -> None:
+        for e in endpoints:
+            if e.path.name == name and not e.serving:
+                logger.warning("%s was deleted: serving and registering again", e.path)
+                e.wake()
+
+    http = None
+    if args.metrics_address:
+        host, _, port = args.metrics_address.rpartition(":")
+        http = await serve_http(
+            host.strip("[]"), int(port), metrics, lambda: all(e.serving for e in endpoints)
+        )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tasks = [asyncio.create_task(e.run(), name=f"endpoint {e.path.name}") for e in endpoints]
+    tasks.append(asyncio.create_task(watcher.run(), name="health"))
+    tasks.append(
+        asyncio.create_task(
+            DirWatcher(args.device_plugin_dir, on_kubelet, on_deleted).run(), name="dir watcher"
+        )
+    )
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    for task in done:
+        if task is not stopper and task.exception() is not None:
+            logger.error("%s crashed", task.get_name(), exc_info=task.exception())
+            code = 1
+    logger.info("stopping")
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    stopper.cancel()
+    for e in endpoints:
+        await e.stop()
+    if http is not None:
+        http.close()
+        await http.wait_closed()
+    return code

@@ -1,0 +1,193 @@
+"""Discovery from the kernel's sysfs layout (root injectable for fixture trees)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from pathlib import Path
+
+from plugin.discovery.model import CharDevices, Gid, GidType, Hca, Inventory, Port
+
+logger = logging.getLogger(__name__)
+
+_ZERO_GID = ipaddress.IPv6Address(0)
+
+
+def read(path: Path) -> str | None:
+    """A sysfs attribute's text; None when absent or unreadable (e.g. an unused GID slot)."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+class SysfsDiscovery:
+    """Reads /sys/class/infiniband*, /sys/class/net and device nodes under dev_root."""
+
+    name = "sysfs"
+
+    def __init__(self, sysfs_root: Path, dev_root: Path) -> None:
+        self.sysfs = sysfs_root
+        self.dev_ib = dev_root / "infiniband"
+
+    def scan(self) -> Inventory:
+        class_ib = self.sysfs / "class" / "infiniband"
+        names = sorted(os.listdir(class_ib)) if class_ib.is_dir() else []
+        verbs = self._chardev_owners("infiniband_verbs")
+        mads = self._chardev_owners("infiniband_mad")
+        hcas = [self.read_hca(name, verbs, mads) for name in names]
+        return Inventory(
+            hcas=tuple(h for h in hcas if h is not None),
+            rdma_cm=(self.dev_ib / "rdma_cm").exists(),
+            netns_mode=read(self.sysfs / "module" / "ib_core" / "parameters" / "netns_mode"),
+        )
+
+    def read_hca(
+        self, name: str, verbs: dict[str, list[str]], mads: dict[str, list[str]]
+    ) -> Hca | None:
+        base = self.sysfs / "class" / "infiniband" / name
+        if not base.is_dir():  # removed between listdir and now
+            return None
+        problems: list[str] = []
+        pci = base / "device"
+        if pci.is_dir():
+            vendor = _hex(read(pci / "vendor"))
+            device_id = _hex(read(pci / "device"))
+            driver = _link_name(pci / "driver")
+            numa = _numa(read(pci / "numa_node"))
+            pci_netdevs = _pci_netdevs(pci)
+            parent = None
+        else:  # Soft-RoCE / siw: no PCI parent, `parent` names the netdev
+            vendor = device_id = ""
+            driver = _virtual_driver(name)
+            numa = None
+            pci_netdevs = {}
+            parent = read(base / "parent")
+        ports = tuple(
+            self._read_port(base / "ports" / p, int(p), pci_netdevs, parent)
+            for p in sorted(_listdir(base / "ports"), key=int)
+        )
+        uverbs = [u for u in verbs.get(name, []) if self._node_exists(u, problems)]
+        umad = [m for m in mads.get(name, []) if m.startswith("umad")]
+        issm = [m for m in mads.get(name, []) if m.startswith("issm")]
+        if not verbs.get(name):
+            problems.append(f"{name}: no uverbs in class/infiniband_verbs (ib_uverbs not loaded?)")
+        if not umad:
+            problems.append(f"{name}: no umad in class/infiniband_mad (ib_umad not loaded?)")
+        return Hca(
+            name=name,
+            vendor=vendor,
+            device_id=device_id,
+            driver=driver,
+            numa_node=numa,
+            ports=ports,
+            chardevs=CharDevices(
+                uverbs=uverbs[0] if uverbs else None,
+                umad=tuple(m for m in umad if self._node_exists(m, problems)),
+                # issm is optional: only handed out when its node exists, never reported missing
+                issm=tuple(m for m in issm if (self.dev_ib / m).exists()),
+            ),
+            problems=tuple(problems),
+        )
+
+    def _node_exists(self, chardev: str, problems: list[str]) -> bool:
+        if (self.dev_ib / chardev).exists():
+            return True
+        problems.append(f"{self.dev_ib / chardev} does not exist")
+        return False
+
+    def _chardev_owners(self, cls: str) -> dict[str, list[str]]:
+        """ibdev -> its character devices of one class (uverbsN, or umadN/issmN)."""
+        owners: dict[str, list[str]] = {}
+        base = self.sysfs / "class" / cls
+        for chardev in sorted(_listdir(base), key=_natural):
+            ibdev = read(base / chardev / "ibdev")
+            if ibdev:
+                owners.setdefault(ibdev, []).append(chardev)
+        return owners
+
+    def _read_port(
+        self, base: Path, number: int, pci_netdevs: dict[str, int | None], parent: str | None
+    ) -> Port:
+        gids = tuple(_read_gids(base))
+        if parent is not None:
+            netdevs = (parent,)
+        else:  # a PCI function's netdevs carry dev_port = port number - 1 (absent: single port)
+            netdevs = tuple(
+                n for n, dev_port in pci_netdevs.items() if dev_port in (None, number - 1)
+            )
+        state = read(base / "state") or "0: UNKNOWN"
+        return Port(
+            number=number,
+            state=state.partition(":")[2].strip() or state,
+            link_layer=read(base / "link_layer") or "InfiniBand",
+            netdevs=netdevs,
+            gids=gids,
+        )
+
+
+def _read_gids(port: Path) -> list[Gid]:
+    gids: list[Gid] = []
+    for index in sorted(_listdir(port / "gids"), key=int):
+        text = read(port / "gids" / index)
+        if text is None:
+            continue
+        try:
+            addr = ipaddress.IPv6Address(text)
+        except ValueError:
+            continue
+        gid_type = read(port / "gid_attrs" / "types" / index)
+        if addr == _ZERO_GID or gid_type not in ("IB/RoCE v1", "RoCE v2"):
+            continue
+        kind: GidType = "RoCE v2" if gid_type == "RoCE v2" else "IB/RoCE v1"
+        netdev = read(port / "gid_attrs" / "ndevs" / index)
+        gids.append(Gid(index=int(index), gid=str(addr), type=kind, netdev=netdev or None))
+    return gids
+
+
+def _pci_netdevs(pci: Path) -> dict[str, int | None]:
+    result: dict[str, int | None] = {}
+    for netdev in sorted(_listdir(pci / "net")):
+        dev_port = read(pci / "net" / netdev / "dev_port")
+        result[netdev] = int(dev_port) if dev_port and dev_port.isdigit() else None
+    return result
+
+
+def _virtual_driver(name: str) -> str:
+    for kind in ("rxe", "siw"):
+        if name.startswith(kind):
+            return kind
+    return ""
+
+
+def _listdir(path: Path) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _link_name(path: Path) -> str:
+    try:
+        return os.path.basename(os.readlink(path))
+    except OSError:
+        return ""
+
+
+def _hex(text: str | None) -> str:
+    return (text or "").lower().removeprefix("0x")
+
+
+def _numa(text: str | None) -> int | None:
+    try:
+        node = int(text or "-1")
+    except ValueError:
+        return None
+    return node if node >= 0 else None
+
+
+def _natural(name: str) -> tuple[str, int]:
+    stem = name.rstrip("0123456789")
+    digits = name[len(stem) :]
+    return (stem, int(digits) if digits else -1)

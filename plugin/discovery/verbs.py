@@ -1,0 +1,101 @@
+"""Discovery through libibverbs (pyverbs): devices, port state and the GID table come from the
+kernel's verbs interface; character-device names, NUMA and netdevs from sysfs.
+
+The only module that imports pyverbs (Debian's python3-pyverbs, see README)."""
+
+# pyverbs (Debian's, outside the venv) ships no type information: converted at this edge.
+# pyright: reportUnknownMemberType=false, reportUnknownVariableType=false
+# pyright: reportUnknownArgumentType=false, reportUnknownLambdaType=false
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+from pyverbs import device as verbs  # pyright: ignore[reportMissingImports]
+from pyverbs import enums  # pyright: ignore[reportMissingImports]
+from pyverbs.pyverbs_error import PyverbsError  # pyright: ignore[reportMissingImports]
+
+from plugin.discovery.model import DiscoveryError, Gid, GidType, Hca, Inventory, Port
+from plugin.discovery.sysfs import SysfsDiscovery
+
+# query_gid_table numbers GID types its own way (not the sysfs numbering of query_gid_type).
+_GID_TYPES: dict[int, GidType] = {
+    enums.IBV_GID_TYPE_IB: "IB/RoCE v1",
+    enums.IBV_GID_TYPE_ROCE_V1: "IB/RoCE v1",
+    enums.IBV_GID_TYPE_ROCE_V2: "RoCE v2",
+}
+_LINK_LAYERS = {1: "InfiniBand", 2: "Ethernet"}  # IBV_LINK_LAYER_*; 0 (unspecified) = IB
+_MAX_GIDS = 4096
+# enum ibv_port_state, spelled as sysfs spells it ("4: ACTIVE")
+_PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+
+
+class VerbsDiscovery:
+    name = "verbs"
+
+    def __init__(self, sysfs_root: Path, dev_root: Path) -> None:
+        self.sysfs = SysfsDiscovery(sysfs_root, dev_root)
+
+    def device_names(self) -> list[str]:
+        """ibdev names libibverbs sees; raises DiscoveryError when there is no RDMA at all."""
+        try:
+            return [d.name.decode() for d in verbs.get_device_list()]
+        except PyverbsError as exc:  # raised (not []) when /sys/class/infiniband_verbs is absent
+            raise DiscoveryError(f"libibverbs finds no RDMA devices: {exc}") from exc
+
+    def scan(self) -> Inventory:
+        from_sysfs = self.sysfs.scan()
+        try:
+            names = self.device_names()
+        except DiscoveryError as exc:  # driver not loaded (yet): zero devices, not a failure
+            return dataclasses.replace(from_sysfs, hcas=(), errors=(str(exc),))
+        by_name = {h.name: h for h in from_sysfs.hcas}
+        hcas: list[Hca] = []
+        for name in names:
+            base = by_name.get(name)
+            if base is None:  # gone from sysfs between the two reads: next scan settles it
+                continue
+            try:
+                hcas.append(_with_verbs_ports(base))
+            except PyverbsError as exc:
+                hcas.append(dataclasses.replace(base, problems=(*base.problems, f"{name}: {exc}")))
+        return dataclasses.replace(from_sysfs, hcas=tuple(hcas))
+
+
+def _with_verbs_ports(base: Hca) -> Hca:
+    with verbs.Context(name=base.name) as ctx:
+        attr: Any = ctx.query_device()
+        entries: list[Any] = list(ctx.query_gid_table(_MAX_GIDS))
+        ports: list[Port] = []
+        for number in range(1, int(attr.phys_port_cnt) + 1):
+            pa: Any = ctx.query_port(number)
+            sysfs_port = next((p for p in base.ports if p.number == number), None)
+            sysfs_ndevs = {g.index: g.netdev for g in sysfs_port.gids} if sysfs_port else {}
+            gids = tuple(
+                Gid(
+                    index=int(e.gid_index),
+                    gid=str(ipaddress.IPv6Address(e.gid_str())),
+                    type=_GID_TYPES.get(int(e.gid_type), "IB/RoCE v1"),
+                    netdev=sysfs_ndevs.get(int(e.gid_index)),
+                )
+                for e in sorted(entries, key=lambda e: int(e.gid_index))
+                if int(e.port_num) == number
+            )
+            ports.append(
+                Port(
+                    number=number,
+                    state=_PORT_STATES.get(int(pa.state), f"UNKNOWN({int(pa.state)})"),
+                    link_layer=_LINK_LAYERS.get(int(pa.link_layer), "InfiniBand"),
+                    netdevs=sysfs_port.netdevs if sysfs_port else (),
+                    gids=gids,
+                )
+            )
+    return dataclasses.replace(
+        base,
+        vendor=base.vendor or f"{int(attr.vendor_id):04x}",
+        device_id=base.device_id or f"{int(attr.vendor_part_id):04x}",
+        ports=tuple(ports),
+    )

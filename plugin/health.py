@@ -1,0 +1,133 @@
+"""Event-driven health: re-scan on netlink link/address changes, plus a periodic backstop,
+and push every change to the servicers at once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+
+from plugin import pool as policy
+from plugin.config import PluginConfig
+from plugin.discovery.model import Discovery, Inventory
+from plugin.metrics import Metrics
+from plugin.netmode import non_host_network_problems
+from plugin.server import DevicePluginServicer
+
+logger = logging.getLogger(__name__)
+
+# rtnetlink multicast groups: link up/down, and address changes (they change the GID table)
+_RTMGRP_LINK, _RTMGRP_IPV4_IFADDR, _RTMGRP_IPV6_IFADDR = 0x1, 0x10, 0x100
+
+
+class HealthWatcher:
+    """Owns the scan loop: discovery -> pool views -> servicers and metrics."""
+
+    def __init__(
+        self,
+        discovery: Discovery,
+        config: PluginConfig,
+        metrics: Metrics,
+        interval: float,
+    ) -> None:
+        self.discovery = discovery
+        self.config = config
+        self.metrics = metrics
+        self.interval = interval
+        self.servicers: dict[str, DevicePluginServicer] = {}
+        self._trigger = asyncio.Event()
+        self._reported: tuple[str, ...] | None = None
+
+    def scan(self) -> list[policy.PoolView]:
+        """One scan, logged and counted; raises DiscoveryError."""
+        inventory = self.discovery.scan()
+        views, conflicts = policy.assign(self.config, inventory)
+        self._report(inventory, views, conflicts)
+        return views
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        sock = _netlink_socket()
+        if sock is not None:
+            loop.add_reader(sock.fileno(), self._on_netlink, sock)
+        try:
+            while True:
+                trigger = "event"
+                try:
+                    await asyncio.wait_for(self._trigger.wait(), timeout=self.interval)
+                except TimeoutError:
+                    trigger = "periodic"
+                self._trigger.clear()
+                self.metrics.scans.labels(trigger).inc()
+                await self.rescan()
+        finally:
+            if sock is not None:
+                loop.remove_reader(sock.fileno())
+                sock.close()
+
+    async def rescan(self) -> None:
+        try:
+            views = self.scan()
+        except Exception:  # keep serving the last good view; the next trigger retries
+            self.metrics.errors.labels(kind="scan").inc()
+            logger.exception("scan failed; keeping the previous devices")
+            return
+        for view in views:
+            servicer = self.servicers.get(view.pool.name)
+            if servicer is not None:
+                await servicer.update(view)
+
+    def _on_netlink(self, sock: socket.socket) -> None:
+        try:
+            while sock.recv(65536):
+                pass
+        except BlockingIOError:
+            pass
+        self._trigger.set()
+
+    def _report(
+        self, inventory: Inventory, views: list[policy.PoolView], conflicts: list[str]
+    ) -> None:
+        self.metrics.last_scan.set(time.time())
+        self.metrics.pool_conflicts.set(len(conflicts))
+        for view in views:
+            resource = view.pool.resource_name
+            healthy = sum(d.healthy for d in view.devices)
+            self.metrics.devices.labels(resource, policy.HEALTHY).set(healthy)
+            self.metrics.devices.labels(resource, policy.UNHEALTHY).set(len(view.devices) - healthy)
+            self.metrics.hcas.labels(resource).set(len(view.hcas))
+        problems = (
+            list(inventory.errors)
+            + list(conflicts)
+            + [p for h in inventory.hcas for p in h.problems]
+        )
+        for view in views:
+            problems += [
+                f"{view.pool.resource_name}: {d.reason}" for d in view.devices[:1] if not d.healthy
+            ]
+        if self.config.non_host_network:
+            hcas = tuple(h for v in views for h in v.hcas)
+            net = non_host_network_problems(inventory, hcas)
+            self.metrics.non_host_network_ready.set(0 if net else 1)
+            problems += [f"nonHostNetwork: true but {p}" for p in net]
+        # Loud but not noisy: log the whole set whenever it changes.
+        if tuple(problems) != self._reported:
+            self._reported = tuple(problems)
+            for p in problems:
+                logger.error("%s", p)
+            summary = ", ".join(
+                f"{v.pool.resource_name}={len(v.hcas)} HCAs/{len(v.devices)} IDs" for v in views
+            )
+            logger.info("scan (%s): %s", self.discovery.name, summary)
+
+
+def _netlink_socket() -> socket.socket | None:
+    try:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        sock.bind((0, _RTMGRP_LINK | _RTMGRP_IPV4_IFADDR | _RTMGRP_IPV6_IFADDR))
+        sock.setblocking(False)
+    except OSError as exc:
+        logger.warning("no netlink events (%s): relying on the periodic re-scan", exc)
+        return None
+    return sock

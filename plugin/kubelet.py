@@ -1,0 +1,209 @@
+"""Registration that heals itself: serve -> check -> Register, and again whenever kubelet.sock
+is re-created, our socket is deleted, or the kubelet ends ListAndWatch."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from plugin.metrics import Metrics
+from plugin.server import DevicePluginServicer
+
+logger = logging.getLogger(__name__)
+
+KUBELET_SOCKET = "kubelet.sock"
+API_VERSION = "v1beta1"
+MAX_UNIX_PATH = 107
+_CHANNEL_OPTIONS = [("grpc.default_authority", "localhost")]
+_BACKOFF_START, _BACKOFF_MAX = 0.1, 5.0
+# Register is synchronous in the kubelet: it dials us back (up to 10 s) before answering.
+_REGISTER_TIMEOUT = 15.0
+
+
+def socket_name(resource_name: str) -> str:
+    return "lingjun-rdma-" + resource_name.replace("/", "_") + ".sock"
+
+
+class Endpoint:
+    """One pool's plugin socket, its grpc server, and its registration loop."""
+
+    def __init__(self, servicer: DevicePluginServicer, plugin_dir: Path, metrics: Metrics) -> None:
+        self.servicer = servicer
+        self.plugin_dir = plugin_dir
+        self.path = plugin_dir / socket_name(servicer.resource)
+        if len(str(self.path)) > MAX_UNIX_PATH:
+            raise ValueError(
+                f"socket path {self.path} is longer than {MAX_UNIX_PATH} bytes: "
+                "use a shorter --device-plugin-dir"
+            )
+        self.metrics = metrics
+        self.registered = False
+        self._server: grpc.aio.Server | None = None
+        self._inode: int | None = None
+        self._wake = asyncio.Event()
+        servicer.on_stream_end = self.wake
+
+    def wake(self) -> None:
+        self.registered = False
+        self._wake.set()
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None and self._inode == _inode(self.path)
+
+    async def run(self) -> None:
+        """Until cancelled: keep the socket served and the kubelet informed."""
+        while True:
+            self._wake.clear()
+            if not self.serving:
+                await self._restart_server()
+            if await self._register():
+                await self._wake.wait()
+
+    async def stop(self) -> None:
+        await self.servicer.stop_streams()
+        if self._server is not None:
+            await self._server.stop(grace=1)
+            self._server = None
+        if self._inode is not None and _inode(self.path) == self._inode:
+            self.path.unlink(missing_ok=True)
+
+    async def _restart_server(self) -> None:
+        # The old server deletes its socket by path when it stops: stop it before binding anew.
+        self.servicer.generation += 1
+        if self._server is not None:
+            await self._server.stop(grace=0)
+        self.path.unlink(missing_ok=True)
+        server = grpc.aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        server.add_insecure_port(f"unix://{self.path}")
+        await server.start()
+        self._server, self._inode = server, _inode(self.path)
+        async with grpc.aio.insecure_channel(f"unix://{self.path}", options=_CHANNEL_OPTIONS) as ch:
+            await api_pb2_grpc.DevicePluginStub(ch).GetDevicePluginOptions(
+                api_pb2.Empty(), timeout=5
+            )
+        logger.info("%s: serving %s", self.servicer.resource, self.path)
+
+    async def _register(self) -> bool:
+        """Register, retrying with backoff; False when woken to start over."""
+        backoff = _BACKOFF_START
+        kubelet = self.plugin_dir / KUBELET_SOCKET
+        while True:
+            self.servicer.generation += 1
+            try:
+                async with grpc.aio.insecure_channel(
+                    f"unix://{kubelet}", options=_CHANNEL_OPTIONS
+                ) as channel:
+                    await api_pb2_grpc.RegistrationStub(channel).Register(
+                        api_pb2.RegisterRequest(
+                            version=API_VERSION,
+                            endpoint=self.path.name,
+                            resource_name=self.servicer.resource,
+                            options=api_pb2.DevicePluginOptions(
+                                get_preferred_allocation_available=True
+                            ),
+                        ),
+                        timeout=_REGISTER_TIMEOUT,
+                    )
+            except grpc.aio.AioRpcError as exc:
+                self.metrics.registrations.labels(self.servicer.resource, "error").inc()
+                logger.warning(
+                    "%s: cannot register with %s (%s: %s); retrying in %.1fs",
+                    self.servicer.resource,
+                    kubelet,
+                    exc.code().name,
+                    exc.details(),
+                    backoff,
+                )
+            else:
+                self.registered = True
+                self.metrics.registrations.labels(self.servicer.resource, "ok").inc()
+                logger.info("%s: registered with the kubelet", self.servicer.resource)
+                return True
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=backoff)
+                return False
+            except TimeoutError:
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+
+
+class DirWatcher:
+    """inotify on the device-plugins dir: calls `on_kubelet` when kubelet.sock appears and
+    `on_deleted(name)` when a socket goes away; re-arms itself if the dir is re-created."""
+
+    _IN_CREATE, _IN_DELETE, _IN_MOVED_TO, _IN_MOVED_FROM = 0x100, 0x200, 0x80, 0x40
+    _IN_DELETE_SELF, _IN_MOVE_SELF, _IN_IGNORED = 0x400, 0x800, 0x8000
+
+    def __init__(
+        self, directory: Path, on_kubelet: Callable[[], None], on_deleted: Callable[[str], None]
+    ) -> None:
+        self.directory = directory
+        self.on_kubelet = on_kubelet
+        self.on_deleted = on_deleted
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._fd = -1
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self._fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1 failed")
+        lost = asyncio.Event()
+        loop.add_reader(self._fd, self._read, lost)
+        try:
+            while True:
+                await self._arm()
+                await lost.wait()
+                lost.clear()
+                self.on_kubelet()  # the dir came back: whatever was there is new
+        finally:
+            loop.remove_reader(self._fd)
+            os.close(self._fd)
+
+    async def _arm(self) -> None:
+        mask = (
+            self._IN_CREATE
+            | self._IN_DELETE
+            | self._IN_MOVED_TO
+            | self._IN_MOVED_FROM
+            | self._IN_DELETE_SELF
+            | self._IN_MOVE_SELF
+        )
+        backoff = _BACKOFF_START
+        while self._libc.inotify_add_watch(self._fd, bytes(self.directory), mask) < 0:
+            logger.warning("waiting for %s to exist (retry in %.1fs)", self.directory, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    def _read(self, lost: asyncio.Event) -> None:
+        try:
+            data = os.read(self._fd, 65536)
+        except BlockingIOError:
+            return
+        offset = 0
+        while offset + 16 <= len(data):
+            _wd, mask, _cookie, length = struct.unpack_from("iIII", data, offset)
+            name = data[offset + 16 : offset + 16 + length].rstrip(b"\0").decode()
+            offset += 16 + length
+            if mask & (self._IN_DELETE_SELF | self._IN_MOVE_SELF | self._IN_IGNORED):
+                lost.set()
+            elif mask & (self._IN_CREATE | self._IN_MOVED_TO) and name == KUBELET_SOCKET:
+                self.on_kubelet()
+            elif mask & (self._IN_DELETE | self._IN_MOVED_FROM):
+                self.on_deleted(name)
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None

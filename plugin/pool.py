@@ -1,0 +1,200 @@
+"""Pure policy: which HCAs each pool takes, its device IDs, health, topology, preferred
+allocation and the Allocate answer."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+from plugin.config import MAX_ID_LENGTH, PluginConfig, Pool, Selector, shared_device_id
+from plugin.discovery.model import Hca, Inventory
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+CONTAINER_DEV = Path("/dev/infiniband")
+
+
+class AllocationError(ValueError):
+    """An Allocate the kubelet must refuse; the message says which ID and why."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device ID as the kubelet sees it."""
+
+    id: str
+    healthy: bool
+    numa_nodes: tuple[int, ...]
+    hcas: tuple[str, ...]
+    reason: str | None = None  # why unhealthy
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    container_path: str
+    host_path: str
+    permissions: str = "rw"
+
+
+@dataclass(frozen=True)
+class Allocation:
+    devices: tuple[DeviceSpec, ...]
+    envs: dict[str, str]
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """A pool's state after one scan: what ListAndWatch sends and what Allocate reads."""
+
+    pool: Pool
+    hcas: tuple[Hca, ...]
+    devices: tuple[Device, ...]
+    rdma_cm: bool
+
+    def by_id(self) -> dict[str, Device]:
+        return {d.id: d for d in self.devices}
+
+
+def selects(selector: Selector, hca: Hca) -> bool:
+    """Every non-empty selector field must match (globs for ibdevs and netdevs)."""
+    return (
+        (
+            not selector.vendors
+            or hca.vendor in {v.lower().removeprefix("0x") for v in selector.vendors}
+        )
+        and (
+            not selector.device_ids
+            or hca.device_id in {d.lower().removeprefix("0x") for d in selector.device_ids}
+        )
+        and (not selector.drivers or hca.driver in selector.drivers)
+        and (not selector.ibdevs or any(fnmatchcase(hca.name, g) for g in selector.ibdevs))
+        and (
+            not selector.netdevs
+            or any(fnmatchcase(n, g) for n in hca.netdevs for g in selector.netdevs)
+        )
+        and (not selector.link_layers or any(ll in selector.link_layers for ll in hca.link_layers))
+    )
+
+
+def assign(config: PluginConfig, inventory: Inventory) -> tuple[list[PoolView], list[str]]:
+    """Split the HCAs among pools. An HCA an exclusive pool selects belongs to the first pool
+    (config order) that selects it; every other claim is reported as a conflict."""
+    claims: dict[str, list[Pool]] = defaultdict(list)
+    for hca in inventory.hcas:
+        for pool in config.pools:
+            if selects(pool.selector, hca):
+                claims[hca.name].append(pool)
+    conflicts: list[str] = []
+    taken: dict[str, list[Hca]] = defaultdict(list)
+    for hca in inventory.hcas:
+        pools = claims[hca.name]
+        if len(pools) > 1 and any(p.mode == "exclusive" for p in pools):
+            names = ", ".join(p.name for p in pools)
+            conflicts.append(
+                f"{hca.name} is selected by pools {names} and one is exclusive: it goes to "
+                f"{pools[0].name} only; make the selectors disjoint"
+            )
+            pools = pools[:1]
+        for pool in pools:
+            taken[pool.name].append(hca)
+    views = [build_view(p, tuple(taken[p.name]), inventory.rdma_cm) for p in config.pools]
+    return views, conflicts
+
+
+def build_view(pool: Pool, hcas: tuple[Hca, ...], rdma_cm: bool) -> PoolView:
+    if pool.mode == "exclusive":
+        devices = tuple(_device(h.name, (h,)) for h in hcas if len(h.name) <= MAX_ID_LENGTH)
+    elif hcas:
+        template = _device("", hcas)
+        devices = tuple(
+            Device(
+                shared_device_id(pool.name, i),
+                template.healthy,
+                template.numa_nodes,
+                template.hcas,
+                template.reason,
+            )
+            for i in range(pool.max_allocations)
+        )
+    else:  # no RDMA device (yet): register with zero devices, pick them up when they appear
+        devices = ()
+    return PoolView(pool=pool, hcas=hcas, devices=devices, rdma_cm=rdma_cm)
+
+
+def _device(device_id: str, hcas: tuple[Hca, ...]) -> Device:
+    reasons = [r for r in (h.unhealthy_reason() for h in hcas) if r is not None]
+    healthy = len(reasons) < len(hcas)
+    return Device(
+        id=device_id,
+        healthy=healthy,
+        numa_nodes=tuple(sorted({h.numa_node for h in hcas if h.numa_node is not None})),
+        hcas=tuple(h.name for h in hcas),
+        reason=None if healthy else "; ".join(reasons),
+    )
+
+
+def preferred(
+    view: PoolView, available: list[str], must_include: list[str], size: int
+) -> list[str]:
+    """`size` IDs including `must_include`. Exclusive pools pack onto the NUMA nodes of
+    `must_include` first, then onto the nodes with the most free HCAs (fewest nodes)."""
+    chosen = list(dict.fromkeys(must_include))[:size]
+    if len(chosen) >= size:
+        return chosen
+    picked = set(chosen)
+    rest = [i for i in available if i not in picked]
+    if view.pool.mode == "shared":
+        return chosen + rest[: size - len(chosen)]
+    devices = view.by_id()
+    by_node: dict[int, list[str]] = defaultdict(list)
+    for device_id in sorted(rest):
+        nodes = devices[device_id].numa_nodes if device_id in devices else ()
+        by_node[nodes[0] if nodes else -1].append(device_id)
+    used = {n for i in chosen if i in devices for n in devices[i].numa_nodes}
+    order = sorted(by_node, key=lambda n: (n not in used, -len(by_node[n]), n))
+    for node in order:
+        chosen.extend(by_node[node][: size - len(chosen)])
+        if len(chosen) == size:
+            break
+    return chosen
+
+
+def allocate(view: PoolView, ids: list[str], dev_root: Path) -> Allocation:
+    """Device specs for rdma_cm and each HCA's uverbs/umad(/issm) behind `ids`."""
+    devices = view.by_id()
+    hca_names: dict[str, None] = {}
+    for device_id in ids:
+        device = devices.get(device_id)
+        if device is None:
+            raise AllocationError(
+                f"{view.pool.resource_name}: device ID {device_id!r} is unknown to this plugin "
+                f"({_describe_ids(view)}); the kubelet's state is stale, retry the pod"
+            )
+        if not device.healthy:
+            raise AllocationError(
+                f"{view.pool.resource_name}: device ID {device_id!r} is unhealthy: {device.reason}"
+            )
+        hca_names.update(dict.fromkeys(device.hcas))
+    hcas = [h for h in view.hcas if h.name in hca_names]
+    names = (["rdma_cm"] if view.rdma_cm else []) + [
+        n
+        for h in hcas
+        for n in ((h.chardevs.uverbs,) if h.chardevs.uverbs else ())
+        + h.chardevs.umad
+        + h.chardevs.issm
+    ]
+    host = dev_root / "infiniband"
+    return Allocation(
+        devices=tuple(DeviceSpec(str(CONTAINER_DEV / n), str(host / n)) for n in names),
+        envs={"LINGJUN_RDMA_HCAS": ",".join(h.name for h in hcas)},
+    )
+
+
+def _describe_ids(view: PoolView) -> str:
+    if not view.devices:
+        return "it has no devices"
+    if view.pool.mode == "shared":
+        return f"it has {view.devices[0].id}..{view.devices[-1].id}"
+    return "it has " + ", ".join(d.id for d in view.devices)

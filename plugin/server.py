@@ -1,0 +1,163 @@
+"""grpc.aio DevicePlugin servicer for one pool: protobuf <-> pool, nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+
+from plugin import pool as policy
+from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from plugin.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+
+def list_and_watch_response(view: policy.PoolView) -> api_pb2.ListAndWatchResponse:
+    """The kubelet's view of a pool: every ID with its health and NUMA nodes."""
+    topologies: dict[tuple[int, ...], api_pb2.TopologyInfo] = {}
+    devices: list[api_pb2.Device] = []
+    for d in view.devices:
+        topo = topologies.get(d.numa_nodes)
+        if topo is None:
+            topo = api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=n) for n in d.numa_nodes])
+            topologies[d.numa_nodes] = topo
+        devices.append(
+            api_pb2.Device(
+                ID=d.id,
+                health=policy.HEALTHY if d.healthy else policy.UNHEALTHY,
+                topology=topo if d.numa_nodes else None,
+            )
+        )
+    return api_pb2.ListAndWatchResponse(devices=devices)
+
+
+class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+    """Serves one pool. `update` pushes a new scan; streams see every change at once."""
+
+    def __init__(
+        self,
+        view: policy.PoolView,
+        dev_root: Path,
+        metrics: Metrics,
+        on_stream_end: Callable[[], None],
+    ) -> None:
+        self.view = view
+        self.dev_root = dev_root
+        self.metrics = metrics
+        self.on_stream_end = on_stream_end
+        self.resource = view.pool.resource_name
+        # Bumped by the registrar before each Register: a stream of an older registration ending
+        # is the kubelet replacing it, not the kubelet dropping us.
+        self.generation = 0
+        self.stopping = False
+        self._response = list_and_watch_response(view)
+        self._changed = asyncio.Condition()
+        self._version = 0
+
+    async def update(self, view: policy.PoolView) -> None:
+        response = list_and_watch_response(view)
+        self.view = view
+        if response == self._response:
+            return
+        self._response = response
+        async with self._changed:
+            self._version += 1
+            self._changed.notify_all()
+
+    async def stop_streams(self) -> None:
+        self.stopping = True
+        async with self._changed:
+            self._version += 1
+            self._changed.notify_all()
+
+    async def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[object, object]
+    ) -> api_pb2.DevicePluginOptions:
+        return api_pb2.DevicePluginOptions(get_preferred_allocation_available=True)
+
+    async def ListAndWatch(
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[object, object]
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        generation = self.generation
+        logger.info("%s: ListAndWatch opened (registration %d)", self.resource, generation)
+        ended_by_us = False
+        try:
+            while True:
+                async with self._changed:
+                    version = self._version
+                if self.stopping:
+                    ended_by_us = True
+                    return
+                yield self._response
+                async with self._changed:
+                    while self._version == version:
+                        await self._changed.wait()
+        finally:
+            if not ended_by_us and generation == self.generation and not self.stopping:
+                logger.warning(
+                    "%s: the kubelet ended ListAndWatch; registering again", self.resource
+                )
+                self.on_stream_end()
+
+    async def GetPreferredAllocation(
+        self,
+        request: api_pb2.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> api_pb2.PreferredAllocationResponse:
+        return api_pb2.PreferredAllocationResponse(
+            container_responses=[
+                api_pb2.ContainerPreferredAllocationResponse(
+                    deviceIDs=policy.preferred(
+                        self.view,
+                        list(r.available_deviceIDs),
+                        list(r.must_include_deviceIDs),
+                        r.allocation_size,
+                    )
+                )
+                for r in request.container_requests
+            ]
+        )
+
+    async def Allocate(
+        self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> api_pb2.AllocateResponse:
+        responses: list[api_pb2.ContainerAllocateResponse] = []
+        for r in request.container_requests:
+            try:
+                allocation = policy.allocate(self.view, list(r.devices_ids), self.dev_root)
+            except policy.AllocationError as exc:
+                self.metrics.errors.labels(kind="allocate").inc()
+                logger.error("Allocate refused: %s", exc)
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            responses.append(
+                api_pb2.ContainerAllocateResponse(
+                    envs=allocation.envs,
+                    devices=[
+                        api_pb2.DeviceSpec(
+                            container_path=s.container_path,
+                            host_path=s.host_path,
+                            permissions=s.permissions,
+                        )
+                        for s in allocation.devices
+                    ],
+                )
+            )
+            self.metrics.allocations.labels(resource=self.resource).inc()
+            logger.info(
+                "allocated %s %s -> %s",
+                self.resource,
+                list(r.devices_ids),
+                allocation.envs.get("LINGJUN_RDMA_HCAS"),
+            )
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    async def PreStartContainer(
+        self,
+        request: api_pb2.PreStartContainerRequest,
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()

@@ -1,0 +1,123 @@
+"""Exclusive pools, NUMA, hot-plug, config errors and the nonHostNetwork check, from the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+
+from plugin.api.v1beta1 import api_pb2
+from tests.plugin.integration.conftest import PluginProcess
+from tests.plugin.kubelet_peer import KubeletPeer
+from tests.plugin.sysfs_tree import PortSpec
+
+EXCLUSIVE = """
+version: v1
+pools:
+  - name: hca
+    mode: exclusive
+    selector: {vendors: ["15b3"], linkLayers: [Ethernet]}
+"""
+
+
+async def test_exclusive_pool_has_one_id_per_hca_with_its_numa_node(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    await plugin.start(plugin.write_config(EXCLUSIVE))
+    await kubelet.wait_registrations(1)
+
+    topo = {d.ID: [n.ID for n in d.topology.nodes] for d in kubelet.devices()}
+    assert topo == {"mlx5_0": [0], "mlx5_1": [1]}
+
+
+async def test_exclusive_port_down_marks_only_that_hca(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    await plugin.start(plugin.write_config(EXCLUSIVE))
+    await kubelet.wait_registrations(1)
+
+    plugin.tree.set_port("mlx5_0", 1, "DOWN")
+
+    await kubelet.wait_for(
+        lambda: (
+            {d.ID: d.health for d in kubelet.devices()}
+            == {"mlx5_0": "Unhealthy", "mlx5_1": "Healthy"}
+        )
+    )
+
+
+async def test_preferred_allocation_packs_on_the_numa_node_of_must_include(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    for i, numa in ((2, 0), (3, 1)):
+        plugin.tree.add_pci_hca(
+            f"mlx5_{i}",
+            pci=f"0000:{0x10 + i:02x}:00.0",
+            numa=numa,
+            ports=[PortSpec(netdev=f"eth{i}")],
+        )
+    await plugin.start(plugin.write_config(EXCLUSIVE))
+    reg = await kubelet.wait_registrations(1)
+    ids = [d.ID for d in kubelet.devices()]
+
+    response = await reg.stub.GetPreferredAllocation(
+        api_pb2.PreferredAllocationRequest(
+            container_requests=[
+                api_pb2.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=ids, must_include_deviceIDs=["mlx5_1"], allocation_size=2
+                )
+            ]
+        )
+    )
+
+    assert list(response.container_responses[0].deviceIDs) == ["mlx5_1", "mlx5_3"]
+
+
+async def test_registers_with_zero_devices_and_picks_up_a_hotplugged_hca(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    tree = plugin.tree
+    for name in ("mlx5_0", "mlx5_1"):  # driver not loaded yet: no ibdevs at all
+        (tree.sys / "class" / "infiniband" / name).unlink()
+    await plugin.start()
+    reg = await kubelet.wait_registrations(1)
+    assert kubelet.devices() == []
+
+    tree.add_pci_hca("mlx5_4", pci="0000:20:00.0", numa=0, ports=[PortSpec(netdev="eth4")])
+
+    await kubelet.wait_for(lambda: len(kubelet.devices()) == 1000)
+    assert kubelet.current() is reg, "a device change is pushed on the open stream"
+
+
+async def test_missing_uverbs_node_makes_the_hca_unhealthy(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    await plugin.start(plugin.write_config(EXCLUSIVE))
+    await kubelet.wait_registrations(1)
+
+    plugin.tree.remove_device_node("uverbs1")
+
+    await kubelet.wait_for(
+        lambda: (
+            {d.ID: d.health for d in kubelet.devices()}
+            == {"mlx5_0": "Healthy", "mlx5_1": "Unhealthy"}
+        )
+    )
+
+
+async def test_bad_config_exits_2_naming_the_field(plugin: PluginProcess) -> None:
+    config = plugin.write_config("version: v1\npools:\n  - name: hca\n    maxAllocation: 10\n")
+    await plugin.start(config)
+
+    assert await plugin.wait() == 2
+    assert "pools[0].maxAllocation: unknown key" in plugin.output()
+
+
+async def test_non_host_network_without_ipv6_gids_is_reported_loudly(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    await plugin.start(plugin.write_config("nonHostNetwork: true\n"))
+    await kubelet.wait_registrations(1)
+    await asyncio.sleep(0.3)
+
+    log = plugin.output()
+    assert "ERROR" in log
+    assert "nonHostNetwork: true but mlx5_0 port 1 (eth0): no RoCE v2 GID for a global IPv6" in log

@@ -1,0 +1,203 @@
+"""The plugin from its CLI against a kubelet-like peer over real unix sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+
+from plugin.api.v1beta1 import api_pb2
+from tests.plugin.integration.conftest import PluginProcess
+from tests.plugin.kubelet_peer import KubeletPeer
+
+SOCKET = "lingjun-rdma-rdma_hca.sock"
+
+
+async def assert_settles_at(kubelet: KubeletPeer, count: int) -> None:
+    """Re-registration happens once, not in a loop (each one replaces the previous stream)."""
+    await asyncio.sleep(1.0)
+    assert len(kubelet.registrations) == count
+
+
+async def test_registers_1000_healthy_ids_with_numa_topology(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    await plugin.start()
+    reg = await kubelet.wait_registrations(1)
+
+    assert reg.request.version == "v1beta1"
+    assert reg.request.resource_name == "rdma/hca"
+    assert reg.request.endpoint == SOCKET
+    assert reg.options.get_preferred_allocation_available
+    devices = kubelet.devices()
+    assert len(devices) == 1000
+    assert len({d.ID for d in devices}) == 1000
+    assert all(d.health == "Healthy" for d in devices)
+    assert {tuple(n.ID for n in d.topology.nodes) for d in devices} == {(0, 1)}
+
+
+async def test_allocate_returns_every_hca_char_device(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    await plugin.start()
+    reg = await kubelet.wait_registrations(1)
+
+    response = await reg.stub.Allocate(
+        api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["hca-7"])]
+        )
+    )
+
+    (container,) = response.container_responses
+    dev = plugin.tree.dev / "infiniband"
+    assert [(s.container_path, s.host_path, s.permissions) for s in container.devices] == [
+        (f"/dev/infiniband/{n}", str(dev / n), "rw")
+        for n in ("rdma_cm", "uverbs0", "umad0", "uverbs1", "umad1")
+    ]
+    assert container.envs["LINGJUN_RDMA_HCAS"] == "mlx5_0,mlx5_1"
+
+
+async def test_unknown_id_gets_an_error_naming_it(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    await plugin.start()
+    reg = await kubelet.wait_registrations(1)
+
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await reg.stub.Allocate(
+            api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["hca-5000"])]
+            )
+        )
+
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "'hca-5000' is unknown" in (err.value.details() or "")
+
+
+async def test_port_down_makes_ids_unhealthy_and_up_heals_them(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+    tree = plugin.tree
+
+    tree.set_port("mlx5_0", 1, "DOWN")
+    await asyncio.sleep(0.5)
+    assert all(d.health == "Healthy" for d in kubelet.devices()), "one HCA still up"
+    tree.set_port("mlx5_1", 1, "DOWN")
+    await kubelet.wait_for(lambda: all(d.health == "Unhealthy" for d in kubelet.devices()))
+    tree.set_port("mlx5_1", 1, "ACTIVE")
+    await kubelet.wait_for(lambda: all(d.health == "Healthy" for d in kubelet.devices()))
+
+    assert len(kubelet.devices()) == 1000
+
+
+async def test_unhealthy_id_is_refused_with_the_reason(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    await plugin.start()
+    reg = await kubelet.wait_registrations(1)
+    for hca in ("mlx5_0", "mlx5_1"):
+        plugin.tree.set_port(hca, 1, "DOWN")
+    await kubelet.wait_for(lambda: all(d.health == "Unhealthy" for d in kubelet.devices()))
+
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await reg.stub.Allocate(
+            api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["hca-1"])]
+            )
+        )
+
+    assert "'hca-1' is unhealthy: mlx5_0: no ACTIVE port (port 1 DOWN)" in (
+        err.value.details() or ""
+    )
+
+
+async def test_reregisters_after_kubelet_restart(
+    kubelet: KubeletPeer, plugin: PluginProcess, plugin_dir: Path
+) -> None:
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+
+    await kubelet.restart()
+
+    reg = await kubelet.wait_registrations(2)
+    assert (plugin_dir / SOCKET).is_socket()
+    assert len(reg.updates[-1][1]) == 1000
+    await assert_settles_at(kubelet, 2)
+
+
+async def test_reregisters_after_its_socket_is_deleted(
+    kubelet: KubeletPeer, plugin: PluginProcess, plugin_dir: Path
+) -> None:
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+
+    (plugin_dir / SOCKET).unlink()
+
+    await kubelet.wait_registrations(2)
+    assert (plugin_dir / SOCKET).is_socket()
+    await assert_settles_at(kubelet, 2)
+
+
+async def test_reregisters_when_the_kubelet_ends_the_stream(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    await plugin.start()
+    first = await kubelet.wait_registrations(1)
+
+    assert first.stream is not None
+    first.stream.cancel()
+
+    await kubelet.wait_registrations(2)
+    await assert_settles_at(kubelet, 2)
+
+
+async def test_waits_for_a_kubelet_that_is_not_there_yet(
+    plugin_dir: Path, plugin: PluginProcess
+) -> None:
+    await plugin.start()
+    await asyncio.sleep(1.0)
+    assert plugin.proc is not None
+    assert plugin.proc.returncode is None, "must not crash without a kubelet"
+
+    peer = KubeletPeer(plugin_dir)
+    await peer.start()
+    try:
+        reg = await peer.wait_registrations(1)
+        assert len(reg.updates[-1][1]) == 1000
+    finally:
+        await peer.stop()
+
+
+async def test_sigterm_removes_its_socket_and_exits_zero(
+    kubelet: KubeletPeer, plugin: PluginProcess, plugin_dir: Path
+) -> None:
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+
+    code = await plugin.terminate(signal.SIGTERM)
+
+    assert code == 0
+    assert not (plugin_dir / SOCKET).exists()
+    assert (plugin_dir / "kubelet.sock").exists(), "only its own socket is removed"
+
+
+async def test_serves_healthz_and_metrics(kubelet: KubeletPeer, plugin: PluginProcess) -> None:
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+    base = f"http://127.0.0.1:{plugin.metrics_port}"
+
+    def get(path: str) -> tuple[int, str]:
+        with urllib.request.urlopen(base + path, timeout=5) as r:
+            return r.status, r.read().decode()
+
+    status, body = await asyncio.to_thread(get, "/healthz")
+    assert (status, body) == (200, "ok\n")
+    _, metrics = await asyncio.to_thread(get, "/metrics")
+    assert 'rdma_plugin_devices{health="Healthy",resource="rdma/hca"} 1000.0' in metrics
+    assert 'rdma_plugin_registrations_total{resource="rdma/hca",result="ok"} 1.0' in metrics

@@ -1,0 +1,94 @@
+"""Every bad plugin config is refused with a message naming the field and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from plugin.config import ConfigError, load_config, parse_config
+
+
+def test_no_file_means_one_shared_pool_of_1000() -> None:
+    config = load_config(Path("/nonexistent/plugin.yaml"), explicit=False)
+
+    (pool,) = config.pools
+    assert (pool.resource_name, pool.mode, pool.max_allocations) == ("rdma/hca", "shared", 1000)
+    assert config.non_host_network is False
+
+
+def test_explicit_missing_file_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"--config /nonexistent/p\.yaml: no such file"):
+        load_config(Path("/nonexistent/p.yaml"), explicit=True)
+
+
+def test_rendered_yaml_reads_back_to_the_same_model() -> None:
+    config = parse_config(
+        {"nonHostNetwork": True, "pools": [{"name": "x", "mode": "exclusive"}]}, "t"
+    )
+
+    assert parse_config(yaml.safe_load(config.to_yaml()), "t") == config
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"pool": []}, "pool: unknown key: remove it or fix its spelling"),
+        (
+            {"pools": [{"name": "a", "maxAllocations": "many"}]},
+            "pools[0].maxAllocations: Input should be a valid integer",
+        ),
+        (
+            {"pools": [{"name": "a", "maxAllocations": 0}]},
+            "pools[0].maxAllocations: Input should be greater than or equal to 1",
+        ),
+        ({"pools": [{"name": "a"}, {"name": "a", "prefix": "x.io"}]}, "duplicate pool name 'a'"),
+        (
+            {"pools": [{"name": "hca"}, {"name": "hca", "prefix": "rdma"}]},
+            "duplicate pool name 'hca'",
+        ),
+        (
+            {"pools": [{"name": "a", "prefix": "kubernetes.io"}]},
+            "the kubernetes.io domain is reserved",
+        ),
+        (
+            {"pools": [{"name": "a", "prefix": "Bad_Domain"}]},
+            "prefix 'Bad_Domain' is not a DNS subdomain",
+        ),
+        ({"pools": [{"name": "-a"}]}, "name '-a' must be 1-63 letters"),
+        (
+            {"pools": [{"name": "a" * 60}]},
+            "device IDs would be 64 characters (max 63): shorten the pool name",
+        ),
+        (
+            {"pools": [{"name": "a", "mode": "exclusive", "maxAllocations": 5}]},
+            "maxAllocations applies to shared pools only",
+        ),
+        (
+            {"pools": [{"name": "a", "mode": "exclusive"}, {"name": "b", "mode": "exclusive"}]},
+            "exclusive pools 'a' and 'b' select the same HCAs",
+        ),
+        (
+            {"pools": [{"name": "a", "selector": {"linkLayers": ["RoCE"]}}]},
+            "pools[0].selector.linkLayers[0]: Input should be 'Ethernet' or 'InfiniBand'",
+        ),
+        ({"pools": []}, "no pool: list at least one"),
+        ({"version": "v2"}, "version: Input should be 'v1'"),
+        ({"nonHostNetwork": "sometimes"}, "nonHostNetwork: Input should be a valid boolean"),
+    ],
+)
+def test_bad_config_names_the_field(data: object, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "plugin.yaml")
+
+    assert str(err.value).startswith("plugin.yaml: ")
+    assert message in str(err.value)
+
+
+def test_invalid_yaml_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("pools: [\n")
+
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path, explicit=True)

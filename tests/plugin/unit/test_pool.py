@@ -1,0 +1,198 @@
+"""Pool policy: IDs, health, topology, preferred allocation, Allocate specs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plugin import pool as policy
+from plugin.config import PluginConfig, Pool, Selector
+from plugin.discovery.model import CharDevices, Gid, Hca, Inventory, Port
+from plugin.netmode import non_host_network_problems
+
+DEV = Path("/host/dev")
+
+
+def hca(
+    name: str,
+    numa: int | None = 0,
+    *,
+    active: bool = True,
+    vendor: str = "15b3",
+    netdev: str = "eth0",
+    gids: tuple[Gid, ...] = (),
+    index: int = 0,
+) -> Hca:
+    return Hca(
+        name=name,
+        vendor=vendor,
+        device_id="1017",
+        driver="mlx5_core",
+        numa_node=numa,
+        ports=(Port(1, "ACTIVE" if active else "DOWN", "Ethernet", (netdev,), gids),),
+        chardevs=CharDevices(uverbs=f"uverbs{index}", umad=(f"umad{index}",)),
+    )
+
+
+def view(mode: str, hcas: list[Hca], **kw: int) -> policy.PoolView:
+    pool = Pool(name="hca", mode=mode, **kw)  # type: ignore[arg-type]
+    return policy.build_view(pool, tuple(hcas), rdma_cm=True)
+
+
+def test_shared_ids_give_every_selected_hca() -> None:
+    v = view("shared", [hca("mlx5_0", 0, index=0), hca("mlx5_1", 1, index=1)], max_allocations=3)
+
+    assert [d.id for d in v.devices] == ["hca-0", "hca-1", "hca-2"]
+    assert {d.numa_nodes for d in v.devices} == {(0, 1)}
+    alloc = policy.allocate(v, ["hca-2"], DEV)
+    assert [s.host_path for s in alloc.devices] == [
+        "/host/dev/infiniband/" + n for n in ("rdma_cm", "uverbs0", "umad0", "uverbs1", "umad1")
+    ]
+    assert {s.permissions for s in alloc.devices} == {"rw"}
+
+
+def test_numa_unknown_gives_no_topology() -> None:
+    v = view("exclusive", [hca("mlx5_0", None)])
+
+    assert v.devices[0].numa_nodes == ()
+
+
+def test_selector_fields_all_apply() -> None:
+    cfg = PluginConfig(
+        pools=(
+            Pool(
+                name="a",
+                selector=Selector(vendors=("0x15B3",), ibdevs=("mlx5_*",), netdevs=("eth1",)),
+            ),
+        )
+    )
+    inv = Inventory(hcas=(hca("mlx5_0"), hca("mlx5_1", netdev="eth1"), hca("rxe0", vendor="")))
+
+    views, conflicts = policy.assign(cfg, inv)
+
+    assert [h.name for h in views[0].hcas] == ["mlx5_1"]
+    assert conflicts == []
+
+
+def test_hca_claimed_by_an_exclusive_and_another_pool_goes_to_the_first() -> None:
+    cfg = PluginConfig(
+        pools=(
+            Pool(name="a", mode="exclusive", selector=Selector(ibdevs=("mlx5_0",))),
+            Pool(name="b", mode="exclusive"),
+        )
+    )
+
+    views, conflicts = policy.assign(cfg, Inventory(hcas=(hca("mlx5_0"), hca("mlx5_1"))))
+
+    assert [[h.name for h in v.hcas] for v in views] == [["mlx5_0"], ["mlx5_1"]]
+    assert conflicts == [
+        "mlx5_0 is selected by pools a, b and one is exclusive: it goes to a only; "
+        "make the selectors disjoint"
+    ]
+
+
+def test_shared_pool_stays_healthy_while_one_hca_is_active() -> None:
+    v = view("shared", [hca("mlx5_0", active=False), hca("mlx5_1")], max_allocations=1)
+    assert v.devices[0].healthy
+
+    v = view(
+        "shared", [hca("mlx5_0", active=False), hca("mlx5_1", active=False)], max_allocations=1
+    )
+    assert not v.devices[0].healthy
+    with pytest.raises(policy.AllocationError, match="'hca-0' is unhealthy: mlx5_0: no ACTIVE"):
+        policy.allocate(v, ["hca-0"], DEV)
+
+
+def test_issm_only_when_present_and_rdma_cm_only_when_present() -> None:
+    h = Hca(
+        "mlx5_0",
+        "15b3",
+        "1017",
+        "mlx5_core",
+        0,
+        (Port(1, "ACTIVE", "InfiniBand"),),
+        CharDevices("uverbs0", ("umad0",), ("issm0",)),
+    )
+    v = policy.build_view(Pool(name="hca", mode="exclusive"), (h,), rdma_cm=False)
+
+    names = [s.container_path for s in policy.allocate(v, ["mlx5_0"], DEV).devices]
+
+    assert names == ["/dev/infiniband/uverbs0", "/dev/infiniband/umad0", "/dev/infiniband/issm0"]
+
+
+def test_non_host_network_needs_global_ipv6_roce_v2_gid_and_shared_netns() -> None:
+    v6 = (Gid(1, "fe80::1", "RoCE v2", "eth0"), Gid(2, "2001:db8::1", "RoCE v2", "eth0"))
+    v4 = (Gid(1, "fe80::1", "RoCE v2", "eth0"), Gid(3, "::ffff:10.0.0.1", "RoCE v2", "eth0"))
+    good, bad = hca("mlx5_0", gids=v6), hca("mlx5_1", gids=v4)
+
+    assert non_host_network_problems(Inventory(netns_mode="shared"), (good,)) == []
+    problems = non_host_network_problems(Inventory(netns_mode="exclusive"), (good, bad))
+    assert problems[0].startswith("RDMA netns mode is exclusive, not shared")
+    assert problems[1].startswith("mlx5_1 port 1 (eth0): no RoCE v2 GID for a global IPv6")
+    assert len(problems) == 2
+
+
+# -- properties ----------------------------------------------------------------------------
+hca_lists = st.lists(
+    st.tuples(st.sampled_from([None, 0, 1, 2, 3]), st.booleans()), min_size=1, max_size=12
+).map(
+    lambda specs: [hca(f"mlx5_{i}", numa, active=a, index=i) for i, (numa, a) in enumerate(specs)]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hcas=hca_lists,
+    mode=st.sampled_from(["shared", "exclusive"]),
+    slots=st.integers(1, 2000),
+    data=st.data(),
+)
+def test_ids_unique_short_and_allocate_covers_exactly_their_hcas(
+    hcas: list[Hca], mode: str, slots: int, data: st.DataObject
+) -> None:
+    kw = {"max_allocations": slots} if mode == "shared" else {}
+    v = view(mode, hcas, **kw)
+    ids = [d.id for d in v.devices]
+    assert len(ids) == len(set(ids))
+    assert all(len(i) <= 63 for i in ids)
+
+    healthy = [d for d in v.devices if d.healthy]
+    chosen = (
+        data.draw(st.lists(st.sampled_from(healthy), unique_by=lambda d: d.id, max_size=4))
+        if healthy
+        else []
+    )
+    alloc = policy.allocate(v, [d.id for d in chosen], DEV)
+    want = {h for d in chosen for h in d.hcas}
+    got = {Path(s.host_path).name for s in alloc.devices} - {"rdma_cm"}
+    assert got == {n for h in hcas if h.name in want for n in (h.chardevs.uverbs, *h.chardevs.umad)}
+
+
+@settings(max_examples=100, deadline=None)
+@given(hcas=hca_lists, mode=st.sampled_from(["shared", "exclusive"]), data=st.data())
+def test_preferred_returns_size_ids_including_must_include(
+    hcas: list[Hca], mode: str, data: st.DataObject
+) -> None:
+    v = view(mode, hcas, **({"max_allocations": 50} if mode == "shared" else {}))
+    ids = [d.id for d in v.devices]
+    available = data.draw(st.lists(st.sampled_from(ids), unique=True, min_size=1))
+    must = data.draw(st.lists(st.sampled_from(available), unique=True))
+    size = data.draw(st.integers(len(must) or 1, len(available)))
+
+    result = policy.preferred(v, available, must, size)
+
+    assert len(result) == size
+    assert len(set(result)) == size
+    assert set(must) <= set(result)
+    assert set(result) <= set(available)
+
+
+def test_preferred_packs_on_fewest_numa_nodes() -> None:
+    hcas = [hca(f"mlx5_{i}", numa, index=i) for i, numa in enumerate([0, 1, 1, 1, 0])]
+    v = view("exclusive", hcas)
+
+    assert policy.preferred(v, [d.id for d in v.devices], [], 3) == ["mlx5_1", "mlx5_2", "mlx5_3"]
+    assert policy.preferred(v, [d.id for d in v.devices], ["mlx5_0"], 2) == ["mlx5_0", "mlx5_4"]

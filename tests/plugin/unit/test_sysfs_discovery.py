@@ -1,0 +1,145 @@
+"""sysfs discovery on fixture trees in the real kernel layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from plugin.discovery.model import Gid, Hca
+from plugin.discovery.sysfs import SysfsDiscovery
+from tests.plugin.sysfs_tree import PortSpec, SysfsTree, two_mlx5
+
+
+def scan(tree: SysfsTree) -> dict[str, Hca]:
+    inventory = SysfsDiscovery(tree.sys, tree.dev).scan()
+    return {h.name: h for h in inventory.hcas}
+
+
+def test_two_mlx5_hcas_on_numa_0_and_1_with_roce_v2_gids(tmp_path: Path) -> None:
+    tree = two_mlx5(tmp_path)
+    inventory = SysfsDiscovery(tree.sys, tree.dev).scan()
+    hcas = {h.name: h for h in inventory.hcas}
+
+    assert inventory.rdma_cm
+    assert inventory.netns_mode == "shared"
+    m0, m1 = hcas["mlx5_0"], hcas["mlx5_1"]
+    assert (m0.vendor, m0.device_id, m0.driver, m0.numa_node) == ("15b3", "1017", "mlx5_core", 0)
+    assert m1.numa_node == 1
+    (port,) = m0.ports
+    assert (port.number, port.state, port.link_layer, port.netdevs) == (
+        1,
+        "ACTIVE",
+        "Ethernet",
+        ("eth0",),
+    )
+    assert port.gids == (
+        Gid(0, "fe80::a0", "IB/RoCE v1", "eth0"),
+        Gid(1, "fe80::a0", "RoCE v2", "eth0"),
+        Gid(2, "::ffff:a00:2", "IB/RoCE v1", "eth0"),
+        Gid(3, "::ffff:a00:2", "RoCE v2", "eth0"),
+    )
+    assert (m0.chardevs.uverbs, m0.chardevs.umad, m0.chardevs.issm) == ("uverbs0", ("umad0",), ())
+    assert m1.chardevs.uverbs == "uverbs1"
+    assert m0.unhealthy_reason() is None
+    assert m0.problems == ()
+
+
+def test_infiniband_hca_with_issm(tmp_path: Path) -> None:
+    tree = SysfsTree(tmp_path).add_pci_hca(
+        "mlx5_ib0",
+        pci="0000:41:00.0",
+        numa=1,
+        device="0x101b",
+        ports=[PortSpec(link_layer="InfiniBand", netdev="ib0", gids=[("fe80::1:2", "IB/RoCE v1")])],
+        issm=True,
+    )
+
+    hca = scan(tree)["mlx5_ib0"]
+
+    assert hca.link_layers == ("InfiniBand",)
+    assert hca.device_id == "101b"
+    assert hca.ports[0].gids == (Gid(0, "fe80::1:2", "IB/RoCE v1", "ib0"),)
+    assert (hca.chardevs.umad, hca.chardevs.issm) == (("umad0",), ("issm0",))
+
+
+def test_soft_roce_without_pci_parent(tmp_path: Path) -> None:
+    tree = SysfsTree(tmp_path).add_rxe(
+        "rxe0", "veth0", PortSpec(netdev="veth0", gids=[("2001:db8::5", "RoCE v2")])
+    )
+
+    hca = scan(tree)["rxe0"]
+
+    assert (hca.vendor, hca.device_id, hca.driver, hca.numa_node) == ("", "", "rxe", None)
+    assert hca.netdevs == ("veth0",)
+    assert hca.ports[0].gids[0].is_global_ipv6
+
+
+def test_numa_minus_one_means_unknown(tmp_path: Path) -> None:
+    tree = SysfsTree(tmp_path).add_pci_hca("mlx5_0", pci="0000:03:00.0", numa=-1)
+
+    assert scan(tree)["mlx5_0"].numa_node is None
+
+
+def test_missing_umad_is_a_problem_not_unhealthy(tmp_path: Path) -> None:
+    tree = SysfsTree(tmp_path).add_pci_hca("mlx5_0", pci="0000:03:00.0", umad=False)
+
+    hca = scan(tree)["mlx5_0"]
+
+    assert hca.chardevs.umad == ()
+    assert hca.unhealthy_reason() is None
+    assert any("no umad" in p for p in hca.problems)
+
+
+def test_port_down_is_unhealthy_with_reason(tmp_path: Path) -> None:
+    tree = SysfsTree(tmp_path).add_pci_hca(
+        "mlx5_0", pci="0000:03:00.0", ports=[PortSpec(state="DOWN", netdev="eth0")]
+    )
+
+    assert scan(tree)["mlx5_0"].unhealthy_reason() == "mlx5_0: no ACTIVE port (port 1 DOWN)"
+
+
+def test_missing_device_node_is_unhealthy(tmp_path: Path) -> None:
+    tree = two_mlx5(tmp_path)
+    tree.remove_device_node("uverbs0")
+
+    hca = scan(tree)["mlx5_0"]
+
+    assert hca.unhealthy_reason() == "mlx5_0: no uverbs device node"
+    assert any("uverbs0 does not exist" in p for p in hca.problems)
+
+
+def test_dual_port_hca_splits_netdevs_by_dev_port(tmp_path: Path) -> None:
+    tree = SysfsTree(tmp_path).add_pci_hca(
+        "mlx5_0",
+        pci="0000:03:00.0",
+        ports=[PortSpec(netdev="eth0"), PortSpec(state="DOWN", netdev="eth1")],
+    )
+
+    hca = scan(tree)["mlx5_0"]
+
+    assert [(p.number, p.netdevs, p.state) for p in hca.ports] == [
+        (1, ("eth0",), "ACTIVE"),
+        (2, ("eth1",), "DOWN"),
+    ]
+    assert hca.chardevs.umad == ("umad0", "umad1")
+
+
+def test_no_rdma_at_all_is_an_empty_inventory(tmp_path: Path) -> None:
+    inventory = SysfsDiscovery(tmp_path / "sys", tmp_path / "dev").scan()
+
+    assert inventory.hcas == ()
+    assert not inventory.rdma_cm
+    assert inventory.netns_mode is None
+
+
+def test_verbs_discovery_without_rdma_reports_zero_devices(tmp_path: Path) -> None:
+    verbs = pytest.importorskip("plugin.discovery.verbs", reason="missing optional peer: pyverbs")
+    discovery = verbs.VerbsDiscovery(tmp_path / "sys", tmp_path / "dev")
+    if Path("/sys/class/infiniband_verbs").exists():
+        pytest.skip("missing optional peer: a host without RDMA (this one has verbs devices)")
+
+    inventory = discovery.scan()
+
+    assert inventory.hcas == ()
+    assert "libibverbs finds no RDMA devices" in inventory.errors[0]
