@@ -103,7 +103,8 @@ class Cluster(pulumi.ComponentResource):
     ) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
         group = args.create_group
         if group is None:
-            assert args.lingjun_cluster_id is not None and args.lingjun_node_group_id is not None
+            assert args.lingjun_cluster_id is not None, "config.py: lingjunClusterId required"
+            assert args.lingjun_node_group_id is not None, "config.py: lingjunNodeGroupId required"
             return args.lingjun_cluster_id, args.lingjun_node_group_id
         lingjun = eflo.Cluster(
             f"{name}-eflo",

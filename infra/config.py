@@ -131,7 +131,7 @@ def load() -> StackConfig:
 
 
 def parse(raw: Mapping[str, str]) -> StackConfig:
-    """Validate raw string values (as Pulumi stores them) into the model, or raise with every fix."""
+    """Validate raw strings (as Pulumi stores them) into the model, or raise with every fix."""
     values: dict[str, Any] = {}
     problems: list[str] = []
     for key, value in raw.items():

@@ -1,4 +1,4 @@
-"""RdmaDevicePlugin: image, namespace, ServiceAccount, ConfigMap and the DaemonSet on Lingjun nodes."""
+"""RdmaDevicePlugin: image, namespace, ServiceAccount, ConfigMap, DaemonSet on Lingjun nodes."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ class ImageBuild:
     """Build plugin/Dockerfile and push it to an ACR (personal edition) repository we create."""
 
     region: str
+    # ACR (personal edition) namespaces are unique per region across all accounts.
+    registry_namespace: str
     # ACR login for the push and an image pull Secret. None: push with the deployer's own
     # `docker login`, pull with ACK's ACR credential helper add-on.
     username: str | None
@@ -65,8 +67,12 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
             self.image = self._build_image(name, args.build, child)
             if args.build.username is not None and args.build.password is not None:
                 secret = self._pull_secret(
-                    name, args.namespace, args.build.region, args.build.username,
-                    args.build.password, in_ns,
+                    name,
+                    args.namespace,
+                    args.build.region,
+                    args.build.username,
+                    args.build.password,
+                    in_ns,
                 )
                 pull_secrets.append(k8s.core.v1.LocalObjectReferenceArgs(name=secret))
         else:
@@ -110,7 +116,7 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
     ) -> pulumi.Output[str]:
         namespace = cr.Namespace(
             f"{name}-acr-ns",
-            name=name,
+            name=build.registry_namespace,
             auto_create=False,
             default_visibility="PRIVATE",
             opts=child,
@@ -299,7 +305,7 @@ def _daemonset_spec(
         template=k8s.core.v1.PodTemplateSpecArgs(
             metadata=k8s.meta.v1.ObjectMetaArgs(
                 labels=labels,
-                # A ConfigMap edit alone does not restart pods; this hash makes a config change roll them.
+                # A ConfigMap edit alone restarts no pod; this hash makes a config change roll them.
                 annotations={"lingjun-rdma/config-sha256": config_sha256},
             ),
             spec=pod,

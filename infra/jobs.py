@@ -120,7 +120,7 @@ class RdmaJob(pulumi.ComponentResource):
         job = k8s.batch.v1.Job(
             f"{name}-job",
             metadata=k8s.meta.v1.ObjectMetaArgs(
-                name=spec.name, namespace=args.namespace, annotations=annotations
+                name=spec.name, namespace=args.namespace, annotations=annotations or None
             ),
             spec=job_spec(spec, resource_name=args.resource_name, host_network=host_network),
             opts=job_opts,
@@ -129,7 +129,9 @@ class RdmaJob(pulumi.ComponentResource):
         self.register_outputs({"job_name": self.job_name})
 
 
-def job_spec(spec: RdmaJobSpec, *, resource_name: str, host_network: bool) -> k8s.batch.v1.JobSpecArgs:
+def job_spec(
+    spec: RdmaJobSpec, *, resource_name: str, host_network: bool
+) -> k8s.batch.v1.JobSpecArgs:
     """The typed batch/v1 JobSpec for an RdmaJobSpec."""
     limits = {resource_name: str(spec.rdma)}
     if spec.gpus:

@@ -48,9 +48,7 @@ def main() -> dict[str, pulumi.Output[Any]]:
     exports["kubeconfig"] = kubeconfig
 
     in_cluster = pulumi.ResourceOptions(providers=[alicloud, provider])
-    plugin = RdmaDevicePlugin(
-        "rdma-device-plugin", _plugin_args(cfg), opts=in_cluster
-    )
+    plugin = RdmaDevicePlugin("rdma-device-plugin", _plugin_args(cfg), opts=in_cluster)
     exports["pluginDaemonSet"] = plugin.daemonset_name
     exports["pluginImage"] = plugin.image
     jobs = [
@@ -93,7 +91,10 @@ def _network_args(cfg: StackConfig) -> NetworkArgs:
 def _cluster_args(cfg: StackConfig) -> ClusterArgs:
     group = None
     if cfg.creates_eflo_group:
-        assert cfg.lingjun_machine_type and cfg.lingjun_image_id and cfg.lingjun_hpn_zone
+        # config.py refuses create mode without these.
+        assert cfg.lingjun_machine_type is not None
+        assert cfg.lingjun_image_id is not None
+        assert cfg.lingjun_hpn_zone is not None
         group = LingjunGroup(
             machine_type=cfg.lingjun_machine_type,
             image_id=cfg.lingjun_image_id,
@@ -129,6 +130,7 @@ def _plugin_args(cfg: StackConfig) -> DevicePluginArgs:
         password = cfg.registry_password
         build = ImageBuild(
             region=cfg.region,
+            registry_namespace=f"{NAME}-{pulumi.get_stack()}",
             username=cfg.registry_username,
             password=password.get_secret_value() if password is not None else None,
         )

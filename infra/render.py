@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-import kubernetes_validate
+import kubernetes_validate  # pyright: ignore[reportMissingTypeStubs]
 import pulumi
 import yaml
-from kubernetes_validate.utils import ValidationError as SchemaError
+from kubernetes_validate.utils import (  # pyright: ignore[reportMissingTypeStubs]
+    ValidationError as SchemaError,
+)
 
 from infra.config import PROJECT, StackConfigError
 from infra.jobs import JobSpecError
@@ -38,6 +40,20 @@ _SIG_KEY = "4dabf18193072939515e22adb298388d"
 _SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
 # What the mocked ACK credential call returns in place of a real kubeconfig.
 OFFLINE_KUBECONFIG = "apiVersion: v1\nkind: Config\n# offline render: ACK returns the real one\n"
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (scripts, the plugin's config file) as literal blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar(  # pyright: ignore[reportUnknownMemberType]
+        "tag:yaml.org,2002:str", value, style=style
+    )
+
+
+_Dumper.add_representer(str, _str)
 
 
 class RenderError(RuntimeError):
@@ -64,8 +80,13 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     resources: list[Registered] = field(default_factory=list[Registered])
 
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[Any, Any]]:
-        inputs = cast(dict[str, Any], args.inputs)
+    def new_resource(
+        self, args: pulumi.runtime.MockResourceArgs
+    ) -> tuple[str | None, dict[Any, Any]]:
+        inputs = cast(
+            dict[str, Any],
+            args.inputs,  # pyright: ignore[reportUnknownMemberType]
+        )
         self.resources.append(Registered(args.typ, args.name, inputs, bool(args.custom)))
         state = dict(inputs)
         if args.typ == "docker-build:index:Image":
@@ -73,10 +94,17 @@ class RecordingMocks(pulumi.runtime.Mocks):
             state["ref"] = f"{inputs['tags'][0]}@sha256:{digest}"
         return f"{args.name}-id", state
 
-    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[Any, Any]:
+    def call(
+        self, args: pulumi.runtime.MockCallArgs
+    ) -> tuple[dict[Any, Any], list[tuple[str, str]] | None]:
         if args.token == "alicloud:cs/getClusterCredential:getClusterCredential":
-            return {"clusterId": args.args["clusterId"], "kubeConfig": OFFLINE_KUBECONFIG}
-        return {}
+            call_args = cast(
+                dict[str, Any],
+                args.args,  # pyright: ignore[reportUnknownMemberType]
+            )
+            cluster_id = str(call_args["clusterId"])
+            return {"clusterId": cluster_id, "kubeConfig": OFFLINE_KUBECONFIG}, []
+        return {}, []
 
 
 @dataclass(frozen=True)
@@ -94,13 +122,16 @@ def stack_config(
     if not stack_file.is_file():
         known = sorted(p.name.split(".")[1] for p in (project_dir / "stacks").glob("Pulumi.*.yaml"))
         raise RenderError(f"--stack {stack}: no {stack_file}; stacks: {', '.join(known)}")
-    project = yaml.safe_load((project_dir / "Pulumi.yaml").read_text())
+    project: dict[str, Any] = yaml.safe_load((project_dir / "Pulumi.yaml").read_text())
+    stack_doc: dict[str, Any] = yaml.safe_load(stack_file.read_text())
+    defaults: dict[str, Any] = project.get("config") or {}
+    values: dict[str, Any] = stack_doc.get("config") or {}
     config: dict[str, str] = {}
     secret_keys: list[str] = []
-    for key, schema in (project.get("config") or {}).items():
+    for key, schema in defaults.items():
         if isinstance(schema, dict) and "default" in schema:
             config[_qualify(key)] = _as_config_string(schema["default"])
-    for key, value in (yaml.safe_load(stack_file.read_text()).get("config") or {}).items():
+    for key, value in values.items():
         if isinstance(value, dict) and "secure" in value:
             # Only the Pulumi CLI can decrypt; the render shows where a secret goes, not its value.
             config[_qualify(key)] = SECRET
@@ -142,20 +173,32 @@ def run_program(stack: str, config: dict[str, str], secret_keys: list[str]) -> R
     def program() -> Any:
         return collect(program_main())
 
-    pulumi.runtime.test(program)()
+    pulumi.runtime.test(program)()  # pyright: ignore[reportUnknownMemberType]
     return RunResult(resources=list(mocks.resources), outputs=outputs)
 
 
-def redact(value: Any) -> Any:
-    """Replace every secret inside engine inputs by [secret]."""
+def normalize(value: Any) -> Any:
+    """Engine inputs as plain data: secrets as [secret], keys sorted, whole numbers as int.
+
+    The engine's wire format (protobuf Struct) carries every number as a double and no key order.
+    """
     if isinstance(value, dict):
         d = cast(dict[str, Any], value)
         if d.get(_SIG_KEY) == _SECRET_SIG:
             return SECRET
-        return {k: redact(v) for k, v in d.items()}
+        return {k: normalize(d[k]) for k in sorted(d)}
     if isinstance(value, list):
-        return [redact(v) for v in cast(list[Any], value)]
+        return [normalize(v) for v in cast(list[Any], value)]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     return value
+
+
+def _manifest(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A Kubernetes object in the usual order: apiVersion, kind, metadata, then the rest."""
+    body = normalize(inputs)
+    head = {k: body.pop(k) for k in ("apiVersion", "kind", "metadata") if k in body}
+    return {**head, **body}
 
 
 def check_unique(result: RunResult) -> None:
@@ -176,7 +219,7 @@ def _object_id(manifest: dict[str, Any]) -> str:
 
 def manifests(result: RunResult) -> list[dict[str, Any]]:
     """Every Kubernetes object, secrets redacted, in registration order."""
-    return [redact(r.inputs) for r in result.resources if r.is_kubernetes_object]
+    return [_manifest(r.inputs) for r in result.resources if r.is_kubernetes_object]
 
 
 def validate(manifest: dict[str, Any]) -> None:
@@ -196,13 +239,18 @@ def file_name(manifest: dict[str, Any]) -> str:
 
 def plan_markdown(stack: str, result: RunResult, files: list[str]) -> str:
     """Cloud resources with their inputs, the Kubernetes files, and the stack outputs."""
-    lines = [f"# Plan: stack `{stack}` (offline render, Pulumi mocks)", "", "## Cloud resources", ""]
+    lines = [
+        f"# Plan: stack `{stack}` (offline render, Pulumi mocks)",
+        "",
+        "## Cloud resources",
+        "",
+    ]
     cloud = [r for r in result.resources if r.custom and not r.is_kubernetes_object]
     if not cloud:
         lines.append("(none: this stack adopts an existing cluster)")
     for r in cloud:
         lines += [f"### `{r.name}` ({r.type})", "", "```yaml"]
-        lines.append(yaml.safe_dump(redact(r.inputs), sort_keys=True).rstrip())
+        lines.append(yaml.safe_dump(normalize(r.inputs), sort_keys=True).rstrip())
         lines += ["```", ""]
     lines += ["", "## Kubernetes objects", ""]
     lines += [f"- `{f}`" for f in files]
@@ -226,7 +274,7 @@ def render(stack: str, out: Path, overrides: list[str] | None = None) -> list[Pa
     try:
         names = [file_name(m) for m in objects]
         for name, manifest in zip(names, objects, strict=True):
-            (staging / name).write_text(yaml.safe_dump(manifest, sort_keys=False))
+            (staging / name).write_text(yaml.dump(manifest, Dumper=_Dumper, sort_keys=False))
         (staging / "plan.md").write_text(plan_markdown(stack, result, names))
         if out.exists():
             shutil.rmtree(out)
