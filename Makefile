@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml uv.lock
 	@touch $@
 
 render: setup ## Offline plan + every manifest of a stack: make render STACK=dev (no credentials)
-	@echo "render: not done yet (issue 5: Pulumi program)"; exit 1
+	$(PY) -m infra.render --stack $(STACK) --out out/$(STACK) $(RENDER_ARGS)
 
 test: setup ## The test suite (unit + integration; rdma/e2e have their own targets)
 	@$(PY) -m pytest -m "not rdma and not e2e" $(PYTEST_ARGS); rc=$$?; \
