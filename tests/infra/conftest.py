@@ -1,0 +1,52 @@
+"""Run the Pulumi program under mocks once per (stack, overrides) and share the result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from infra.render import Registered, RunResult, run_program, stack_config
+
+STACKS = ("dev", "staging", "prod", "local")
+
+_cache: dict[tuple[str, tuple[str, ...]], RunResult] = {}
+
+Program = Callable[..., RunResult]
+
+
+def run(stack: str, *overrides: str) -> RunResult:
+    """The program's registrations and outputs for a stack plus KEY=VALUE overrides."""
+    key = (stack, overrides)
+    if key not in _cache:
+        config, secret_keys = stack_config(stack, list(overrides))
+        _cache[key] = run_program(stack, config, secret_keys)
+    return _cache[key]
+
+
+@pytest.fixture
+def program() -> Program:
+    return run
+
+
+def of_type(result: RunResult, type_: str) -> list[Registered]:
+    return [r for r in result.resources if r.type == type_]
+
+
+def one(result: RunResult, type_: str) -> Registered:
+    found = of_type(result, type_)
+    assert len(found) == 1, f"{type_}: {[r.name for r in found]}"
+    return found[0]
+
+
+def k8s_objects(result: RunResult, kind: str) -> list[dict[str, Any]]:
+    from infra.render import manifests
+
+    return [m for m in manifests(result) if m["kind"] == kind]
+
+
+def k8s_object(result: RunResult, kind: str, name: str) -> dict[str, Any]:
+    found = [m for m in k8s_objects(result, kind) if m["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return found[0]

@@ -1,0 +1,384 @@
+"""The program under Pulumi mocks: resolved inputs of every resource, for each stack and mode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from infra.jobs import LINGJUN_NCCL_ENV
+from infra.render import SECRET, RunResult, manifests, normalize
+from plugin.config import (
+    DEFAULT_CONFIG_PATH,
+    DEFAULT_DEVICE_PLUGIN_DIR,
+    DEFAULT_MAX_ALLOCATIONS,
+    DEFAULT_METRICS_PORT,
+    parse_config,
+)
+from tests.infra.conftest import STACKS, k8s_object, k8s_objects, of_type, one, run
+
+# (stack, nonHostNetwork): one stack per network mode.
+MODES = [("dev", False), ("staging", True)]
+
+
+def _pod(job: dict[str, Any]) -> dict[str, Any]:
+    return job["spec"]["template"]["spec"]
+
+
+def _plugin_config(result: RunResult) -> Any:
+    data = k8s_object(result, "ConfigMap", "rdma-device-plugin")["data"]
+    return parse_config(yaml.safe_load(data[DEFAULT_CONFIG_PATH.name]), "ConfigMap")
+
+
+def _daemonset(result: RunResult) -> dict[str, Any]:
+    return k8s_object(result, "DaemonSet", "rdma-device-plugin")
+
+
+@pytest.mark.parametrize(("stack", "non_host_network"), MODES)
+def test_configmap_is_the_plugins_own_config_with_the_network_mode(
+    stack: str, non_host_network: bool
+) -> None:
+    config = _plugin_config(run(stack))
+
+    assert config.non_host_network is non_host_network
+    assert [p.resource_name for p in config.pools] == ["rdma/hca"]
+    assert config.pools[0].mode == "shared"
+    assert config.pools[0].max_allocations == DEFAULT_MAX_ALLOCATIONS
+
+
+def test_exclusive_pool_config_omits_max_allocations_and_parses() -> None:
+    result = run("prod")
+    raw = yaml.safe_load(
+        k8s_object(result, "ConfigMap", "rdma-device-plugin")["data"]["plugin.yaml"]
+    )
+
+    assert "maxAllocations" not in raw["pools"][0]
+    assert _plugin_config(result).pools[0].mode == "exclusive"
+
+
+def test_resource_name_override_reaches_configmap_and_job_limits() -> None:
+    result = run("dev", "rdmaResourceName=example.com/roce")
+
+    assert _plugin_config(result).pools[0].resource_name == "example.com/roce"
+    for job in k8s_objects(result, "Job"):
+        limits = _pod(job)["containers"][0]["resources"]["limits"]
+        assert limits["example.com/roce"] == "1"
+        assert "rdma/hca" not in limits
+
+
+@pytest.mark.parametrize(("stack", "non_host_network"), MODES)
+def test_jobs_host_network_follows_the_stack_mode(stack: str, non_host_network: bool) -> None:
+    jobs = k8s_objects(run(stack), "Job")
+
+    assert jobs
+    assert {_pod(j)["hostNetwork"] for j in jobs} == {not non_host_network}
+
+
+@pytest.mark.parametrize(("stack", "non_host_network"), MODES)
+def test_jobs_ask_one_rdma_hca_8gi_memory_shm_and_rdma_capabilities(
+    stack: str, non_host_network: bool
+) -> None:
+    jobs = k8s_objects(run(stack), "Job")
+
+    assert jobs
+    for job in jobs:
+        pod = _pod(job)
+        container = pod["containers"][0]
+        assert container["resources"]["limits"]["rdma/hca"] == "1"
+        assert {"name": "shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+        assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod[
+            "volumes"
+        ]
+        assert container["securityContext"]["capabilities"]["add"] == ["SYS_RESOURCE", "IPC_LOCK"]
+        assert pod["tolerations"] == [{"operator": "Exists"}]
+        assert pod["restartPolicy"] == "Never"
+
+
+def test_hps_benchmark_is_the_product_docs_job() -> None:
+    job = k8s_object(run("dev"), "Job", "hps-benchmark")
+    doc = yaml.safe_load(HPS_BENCHMARK_FROM_THE_DOC)
+    doc["spec"]["template"]["spec"]["containers"][0]["image"] = (
+        "registry.cn-wulanchabu.aliyuncs.com/lingjun-rdma/hps-benchmark:0.1.0"
+    )
+    # Quantities are strings in the typed API; the doc writes them as YAML ints.
+    limits = doc["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    doc["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {
+        k: str(v) for k, v in limits.items()
+    }
+
+    assert job["spec"] == doc["spec"]
+    assert job["metadata"]["name"] == doc["metadata"]["name"]
+
+
+def test_perftest_is_an_indexed_pair_on_two_nodes_behind_a_headless_service() -> None:
+    result = run("dev")
+    job = k8s_object(result, "Job", "perftest")
+    service = k8s_object(result, "Service", "perftest")
+    pod = _pod(job)
+
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": "perftest"}
+    assert pod["subdomain"] == "perftest"
+    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
+    script = pod["containers"][0]["command"][2]
+    assert "ib_write_bw" in script
+    assert "perftest-0.perftest" in script
+
+
+def test_nccl_tests_runs_all_reduce_on_8_gpus_with_lingjun_nccl_env() -> None:
+    container = _pod(k8s_object(run("dev"), "Job", "nccl-tests"))["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+
+    assert container["command"][0] == "all_reduce_perf"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert env["NCCL_IB_GID_INDEX"] == "3"
+    assert env.items() >= LINGJUN_NCCL_ENV.items()
+
+
+def test_sample_jobs_skip_await_unless_the_stack_sets_a_timeout() -> None:
+    dev_jobs = k8s_objects(run("dev"), "Job")
+    prod_jobs = k8s_objects(run("prod"), "Job")
+
+    assert all(j["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true" for j in dev_jobs)
+    assert all("annotations" not in j["metadata"] for j in prod_jobs)
+
+
+def test_cluster_is_ack_pro_small_ipv4_without_ipv6() -> None:
+    ack = one(run("dev"), "alicloud:cs/managedKubernetes:ManagedKubernetes")
+
+    assert ack.inputs["clusterSpec"] == "ack.pro.small"
+    assert ack.inputs["ipStack"] == "ipv4"
+    assert "ack-rdma-device-plugin" not in [a["name"] for a in ack.inputs["addons"]]
+
+
+def test_cluster_is_dual_stack_with_ipv6() -> None:
+    ack = one(run("staging"), "alicloud:cs/managedKubernetes:ManagedKubernetes")
+
+    assert ack.inputs["clusterSpec"] == "ack.pro.small"
+    assert ack.inputs["ipStack"] == "dual"
+
+
+@pytest.mark.parametrize("ipv6", [False, True])
+def test_vpc_and_vswitches_get_ipv6_only_when_asked(ipv6: bool) -> None:
+    result = run("dev", f"ipv6={str(ipv6).lower()}")
+    network = one(result, "alicloud:vpc/network:Network")
+    switches = of_type(result, "alicloud:vpc/switch:Switch")
+
+    assert network.inputs["enableIpv6"] is ipv6
+    assert switches
+    for switch in switches:
+        assert switch.inputs["enableIpv6"] is ipv6
+        assert ("ipv6CidrBlockMask" in switch.inputs) is ipv6
+
+
+def test_prod_vswitches_get_distinct_ipv6_subnets() -> None:
+    masks = [
+        s.inputs["ipv6CidrBlockMask"] for s in of_type(run("prod"), "alicloud:vpc/switch:Switch")
+    ]
+
+    assert len(masks) == 2
+    assert len(set(masks)) == 2
+
+
+def test_node_pool_is_lingjun_on_the_created_eflo_group() -> None:
+    result = run("dev")
+    pool = one(result, "alicloud:cs/nodePool:NodePool")
+    eflo = one(result, "alicloud:eflo/cluster:Cluster")
+    group = one(result, "alicloud:eflo/nodeGroup:NodeGroup")
+
+    assert pool.inputs["type"] == "lingjun"
+    assert pool.inputs["efloNodeGroup"] == {
+        "clusterId": f"{eflo.name}-id",
+        "groupId": f"{group.name}-id",
+    }
+    assert pool.inputs["desiredSize"] == "2"
+    assert eflo.inputs["networks"]["tailIpVersion"] == "ipv4"
+
+
+def test_node_pool_adopts_an_existing_eflo_group() -> None:
+    result = run("staging")
+    pool = one(result, "alicloud:cs/nodePool:NodePool")
+
+    assert pool.inputs["type"] == "lingjun"
+    assert pool.inputs["efloNodeGroup"] == {
+        "clusterId": "i118578141694745246541",
+        "groupId": "i120341751696216227830",
+    }
+    assert not of_type(result, "alicloud:eflo/cluster:Cluster")
+
+
+def test_created_eflo_cluster_has_an_ipv6_compute_network_when_asked() -> None:
+    eflo = one(run("prod"), "alicloud:eflo/cluster:Cluster")
+
+    assert eflo.inputs["networks"]["tailIpVersion"] == "ipv6"
+
+
+@pytest.mark.parametrize("stack", ["dev", "local"])
+def test_kubeconfig_is_a_secret_output_and_a_secret_provider_input(stack: str) -> None:
+    result = run(stack)
+    provider = one(result, "pulumi:providers:kubernetes")
+
+    assert result.outputs["kubeconfig"][1] is True
+    assert normalize(provider.inputs)["kubeconfig"] == SECRET
+
+
+def test_existing_mode_creates_no_cloud_resource() -> None:
+    result = run("local")
+    cloud = [r.type for r in result.resources if r.custom and r.type.startswith("alicloud:")]
+
+    assert cloud == []
+    assert k8s_objects(result, "DaemonSet")
+
+
+def test_existing_mode_by_cluster_id_fetches_the_kubeconfig_from_ack() -> None:
+    result = run("local", "kubeconfig=", "clusterId=c123")
+
+    assert result.outputs["clusterId"] == ("c123", False)
+    assert result.outputs["kubeconfig"][1] is True
+
+
+def test_daemonset_runs_on_lingjun_nodes_unprivileged_with_all_capabilities_dropped() -> None:
+    pod = _daemonset(run("dev"))["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    security = container["securityContext"]
+
+    assert security["privileged"] is False
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert "add" not in security["capabilities"]
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["nodeSelector"] == {"alibabacloud.com/lingjun-worker": "true"}
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["hostNetwork"] is True
+    assert container["resources"]["requests"]
+    assert container["resources"]["limits"]
+
+
+def test_daemonset_mounts_only_what_the_plugin_needs() -> None:
+    pod = _daemonset(run("dev"))["spec"]["template"]["spec"]
+    mounts = {
+        m["mountPath"]: m.get("readOnly", False) for m in pod["containers"][0]["volumeMounts"]
+    }
+    host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+
+    assert host_paths == {str(DEFAULT_DEVICE_PLUGIN_DIR), "/sys", "/dev/infiniband"}
+    assert mounts[str(DEFAULT_DEVICE_PLUGIN_DIR)] is False
+    assert mounts["/sys"] is True
+    assert mounts["/dev/infiniband"] is True
+    assert mounts[str(DEFAULT_CONFIG_PATH.parent)] is True
+
+
+def test_daemonset_command_and_probes_use_the_plugins_paths_and_port() -> None:
+    container = _daemonset(run("dev"))["spec"]["template"]["spec"]["containers"][0]
+    command = container["command"]
+
+    assert command[:3] == ["python", "-m", "plugin"]
+    assert command[command.index("--config") + 1] == str(DEFAULT_CONFIG_PATH)
+    assert command[command.index("--metrics-address") + 1] == f"0.0.0.0:{DEFAULT_METRICS_PORT}"
+    assert container["ports"] == [
+        {"name": "metrics", "containerPort": DEFAULT_METRICS_PORT, "protocol": "TCP"}
+    ]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+
+
+def test_config_change_changes_the_pod_template() -> None:
+    def template_hash(result: RunResult) -> str:
+        annotations = _daemonset(result)["spec"]["template"]["metadata"]["annotations"]
+        return annotations["lingjun-rdma/config-sha256"]
+
+    assert template_hash(run("dev")) != template_hash(run("dev", "rdmaMaxAllocations=10"))
+
+
+def test_built_plugin_image_is_pushed_to_acr_and_pinned_by_digest() -> None:
+    result = run("prod")
+    image = one(result, "docker-build:index:Image")
+    container = _daemonset(result)["spec"]["template"]["spec"]["containers"][0]
+
+    assert image.inputs["push"] is True
+    assert image.inputs["dockerfile"]["location"].endswith("plugin/Dockerfile")
+    assert one(result, "alicloud:cr/repo:Repo").inputs["repoType"] == "PRIVATE"
+    assert "@sha256:" in container["image"]
+    assert result.outputs["pluginImage"][0] == container["image"]
+
+
+def test_registry_credentials_become_a_secret_pull_secret() -> None:
+    result = run("prod", "registryUsername=robot", "registryPassword=hunter2")
+    image = one(result, "docker-build:index:Image")
+    pod = _daemonset(result)["spec"]["template"]["spec"]
+    everything = yaml.safe_dump(manifests(result))
+
+    assert pod["imagePullSecrets"] == [{"name": "rdma-device-plugin-pull"}]
+    assert "hunter2" not in everything
+    assert k8s_object(result, "Secret", "rdma-device-plugin-pull")["stringData"] == SECRET
+    assert normalize(image.inputs)["registries"] == SECRET
+
+
+def test_components_use_lingjun_type_tokens() -> None:
+    components = {r.type for r in run("dev").resources if not r.custom}
+
+    assert {
+        "lingjun:network:Network",
+        "lingjun:cluster:Cluster",
+        "lingjun:rdma:DevicePlugin",
+        "lingjun:rdma:Job",
+    } <= components
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_outputs_name_cluster_plugin_and_jobs(stack: str) -> None:
+    result = run(stack)
+    job_names = sorted(m["metadata"]["name"] for m in k8s_objects(result, "Job"))
+
+    assert set(result.outputs) >= {"clusterId", "kubeconfig", "pluginDaemonSet", "jobNames"}
+    assert result.outputs["pluginDaemonSet"] == ("rdma-device-plugin", False)
+    assert sorted(result.outputs["jobNames"][0]) == job_names
+
+
+HPS_BENCHMARK_FROM_THE_DOC = """
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: hps-benchmark
+spec:
+  parallelism: 1
+  template:
+    spec:
+      containers:
+      - name: hps-benchmark
+        image: "**"
+        command:
+        - sh
+        - -c
+        - |
+          python /workspace/wdl_8gpu_outbrain.py
+        resources:
+          limits:
+            nvidia.com/gpu: 8
+            rdma/hca: 1
+        workingDir: /root
+        volumeMounts:
+          - name: shm
+            mountPath: /dev/shm
+        securityContext:
+          capabilities:
+            add:
+            - SYS_RESOURCE
+            - IPC_LOCK
+      restartPolicy: Never
+      volumes:
+        - name: shm
+          emptyDir:
+            medium: Memory
+            sizeLimit: 8Gi
+      hostNetwork: true
+      tolerations:
+        - operator: Exists
+"""
