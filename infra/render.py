@@ -159,9 +159,14 @@ def _as_config_string(value: Any) -> str:
     return str(value)
 
 
-def run_program(stack: str, config: dict[str, str], secret_keys: list[str]) -> RunResult:
+def run_program(
+    stack: str,
+    config: dict[str, str],
+    secret_keys: list[str],
+    mocks: RecordingMocks | None = None,
+) -> RunResult:
     """Run main() under the mock engine with this config; raises what main() raises."""
-    mocks = RecordingMocks()
+    mocks = mocks if mocks is not None else RecordingMocks()
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
     pulumi.runtime.set_all_config(config, secret_keys)
     outputs: dict[str, tuple[Any, bool]] = {}

@@ -1,0 +1,240 @@
+"""Stack config validation: refused before any resource is planned, naming the key and the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.config import PROJECT, StackConfig, StackConfigError, is_pinned, known_keys, parse
+from infra.jobs import JobSpecError, RdmaJobSpec, resolve_host_network
+from infra.render import PROJECT_DIR, RecordingMocks, run_program, stack_config
+from tests.infra.conftest import STACKS
+
+
+def _raw(stack: str = "dev", **overrides: str) -> dict[str, str]:
+    config, _ = stack_config(stack, [f"{k}={v}" for k, v in overrides.items()])
+    prefix = f"{PROJECT}:"
+    return {k.removeprefix(prefix): v for k, v in config.items() if k.startswith(prefix) and v}
+
+
+def _error(stack: str = "dev", **overrides: str) -> str:
+    with pytest.raises(StackConfigError) as caught:
+        parse(_raw(stack, **overrides))
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_stack_config_is_valid(stack: str) -> None:
+    assert isinstance(parse(_raw(stack)), StackConfig)
+
+
+def test_non_host_network_without_ipv6_compute_network_is_refused() -> None:
+    message = _error(nonHostNetwork="true", computeNetworkIpv6="false")
+
+    assert (
+        "lingjun-rdma:nonHostNetwork: true needs lingjun-rdma:computeNetworkIpv6: true" in message
+    )
+    assert "(pulumi config set lingjun-rdma:computeNetworkIpv6 true)" in message
+
+
+def test_refused_config_plans_no_resource() -> None:
+    config, secrets = stack_config("dev", ["nonHostNetwork=true"])
+    mocks = RecordingMocks()
+
+    with pytest.raises(StackConfigError):
+        run_program("dev", config, secrets, mocks)
+
+    assert mocks.resources == []
+
+
+def test_existing_mode_without_cluster_id_or_kubeconfig_is_refused() -> None:
+    message = _error("local", kubeconfig="")
+
+    assert "lingjun-rdma:clusterMode: existing needs lingjun-rdma:clusterId or" in message
+    assert "pulumi config set --secret lingjun-rdma:kubeconfig" in message
+
+
+def test_enabled_sample_job_without_image_is_refused() -> None:
+    message = _error(hpsBenchmarkImage="")
+
+    assert "lingjun-rdma:hpsBenchmarkImage: required because" in message
+    assert "(pulumi config set lingjun-rdma:hpsBenchmarkImage <image>:<tag>)" in message
+
+
+def test_unknown_sample_job_is_refused() -> None:
+    message = _error(sampleJobs='["hps-benchmark", "iperf"]')
+
+    assert "unknown sample 'iperf'" in message
+
+
+def test_cidr_that_does_not_parse_is_refused() -> None:
+    message = _error(vpcCidr="192.168.0.0/33")
+
+    assert "lingjun-rdma:vpcCidr: '192.168.0.0/33' is not an IPv4 CIDR" in message
+
+
+def test_overlapping_vswitch_cidrs_are_refused() -> None:
+    message = _error(vswitchCidrs='["192.168.0.0/20", "192.168.8.0/24"]', zoneIds='["z-a", "z-b"]')
+
+    assert "lingjun-rdma:vswitchCidrs[0]: 192.168.0.0/20 overlaps" in message
+
+
+def test_vswitch_outside_the_vpc_is_refused() -> None:
+    message = _error(vswitchCidrs='["10.0.0.0/24"]')
+
+    assert "lingjun-rdma:vswitchCidrs[0]: 10.0.0.0/24 is outside lingjun-rdma:vpcCidr" in message
+
+
+def test_service_cidr_overlapping_the_vpc_is_refused() -> None:
+    message = _error(serviceCidr="192.168.128.0/20")
+
+    assert "lingjun-rdma:serviceCidr: 192.168.128.0/20 overlaps lingjun-rdma:vpcCidr" in message
+
+
+def test_one_zone_per_vswitch_is_required() -> None:
+    message = _error(zoneIds='["z-a", "z-b"]')
+
+    assert "lingjun-rdma:zoneIds: one zone per vSwitch CIDR" in message
+
+
+def test_list_key_that_is_not_json_is_refused() -> None:
+    message = _error(vswitchCidrs="192.168.0.0/20")
+
+    assert "lingjun-rdma:vswitchCidrs: '192.168.0.0/20' is not a JSON list" in message
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("hca", "is not <prefix>/<name>"),
+        ("RDMA/hca", "is not a DNS subdomain"),
+        ("kubernetes.io/hca", "the kubernetes.io domain is reserved"),
+        ("rdma/-hca", "must be 1-63 letters"),
+    ],
+)
+def test_invalid_resource_name_is_refused(name: str, why: str) -> None:
+    message = _error(rdmaResourceName=name)
+
+    assert "lingjun-rdma:rdmaResourceName" in message
+    assert why in message
+
+
+def test_unknown_key_in_the_namespace_is_refused() -> None:
+    config, secrets = stack_config("dev", ["nonHostNetwrok=true"])
+
+    with pytest.raises(StackConfigError) as caught:
+        run_program("dev", config, secrets)
+
+    assert "lingjun-rdma:nonHostNetwrok: unknown key" in str(caught.value)
+    assert "pulumi config rm lingjun-rdma:nonHostNetwrok" in str(caught.value)
+
+
+def test_wrongly_typed_value_names_the_key() -> None:
+    message = _error(lingjunNodeCount="many")
+
+    assert message.startswith("lingjun-rdma:lingjunNodeCount:")
+
+
+def test_bad_cluster_mode_names_the_choices() -> None:
+    message = _error(clusterMode="adopt")
+
+    assert "lingjun-rdma:clusterMode:" in message
+    assert "'create' or 'existing'" in message
+
+
+def test_max_allocations_with_exclusive_pools_is_refused() -> None:
+    message = _error("prod", rdmaMaxAllocations="10")
+
+    assert "lingjun-rdma:rdmaMaxAllocations: applies to shared pools only" in message
+
+
+def test_max_allocations_out_of_range_is_refused() -> None:
+    assert "must be 1..100000" in _error(rdmaMaxAllocations="0")
+
+
+def test_creating_the_lingjun_group_needs_its_inputs() -> None:
+    message = _error(lingjunMachineType="")
+
+    assert "lingjun-rdma:lingjunMachineType: required to create the Lingjun node group" in message
+    assert "lingjun-rdma:lingjunNodeGroupId" in message
+
+
+def test_adopted_node_group_needs_its_lingjun_cluster() -> None:
+    message = _error("staging", lingjunClusterId="")
+
+    assert "lingjun-rdma:lingjunNodeGroupId: needs the Lingjun cluster" in message
+
+
+def test_plugin_image_is_required_unless_built() -> None:
+    message = _error(pluginImage="")
+
+    assert (
+        "lingjun-rdma:pluginImage: required unless lingjun-rdma:pluginImageBuild: true" in message
+    )
+
+
+@pytest.mark.parametrize("image", ["repo/plugin", "repo/plugin:latest", "localhost:5000/plugin"])
+def test_unpinned_plugin_image_is_refused(image: str) -> None:
+    message = _error(pluginImage=image)
+
+    assert "is not pinned" in message
+
+
+@pytest.mark.parametrize(
+    "image", ["repo/plugin:0.1.0", "localhost:5000/plugin:1", f"r/p@sha256:{'a' * 64}"]
+)
+def test_pinned_plugin_images_are_accepted(image: str) -> None:
+    assert is_pinned(image)
+
+
+def test_plugin_image_and_build_together_are_refused() -> None:
+    message = _error(pluginImageBuild="true")
+
+    assert "set together with lingjun-rdma:pluginImageBuild: true; pick one" in message
+
+
+def test_registry_username_without_password_is_refused() -> None:
+    message = _error("prod", registryUsername="robot")
+
+    assert "give both, or neither" in message
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    message = _error(nonHostNetwork="true", pluginImage="", rdmaResourceName="hca")
+
+    assert len(message.splitlines()) == 3
+
+
+def test_hostnetwork_only_stack_refuses_a_job_asking_for_pod_networking() -> None:
+    spec = RdmaJobSpec(name="iperf", image="i:1", command=("true",), host_network=False)
+
+    with pytest.raises(JobSpecError) as caught:
+        resolve_host_network(spec, non_host_network=False)
+
+    assert "Job iperf: asks for pod networking" in str(caught.value)
+    assert "pulumi config set lingjun-rdma:nonHostNetwork true" in str(caught.value)
+    assert resolve_host_network(spec, non_host_network=True) is False
+
+
+def test_pulumi_yaml_schema_declares_exactly_the_models_keys() -> None:
+    project = yaml.safe_load((PROJECT_DIR / "Pulumi.yaml").read_text())
+
+    assert set(project["config"]) == known_keys()
+
+
+def test_rdma_defaults_come_from_the_plugin_not_pulumi_yaml() -> None:
+    project = yaml.safe_load((PROJECT_DIR / "Pulumi.yaml").read_text())
+
+    for key in ("rdmaResourceName", "rdmaMaxAllocations"):
+        assert "default" not in project["config"][key]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_stack_files_use_only_known_keys(stack: str) -> None:
+    doc = yaml.safe_load(Path(PROJECT_DIR, "stacks", f"Pulumi.{stack}.yaml").read_text())
+    keys = {k.removeprefix(f"{PROJECT}:") for k in doc["config"]}
+
+    assert keys <= known_keys(), json.dumps(sorted(keys - known_keys()))
