@@ -250,7 +250,11 @@ def plan_markdown(stack: str, result: RunResult, files: list[str]) -> str:
         "## Cloud resources",
         "",
     ]
-    cloud = [r for r in result.resources if r.custom and not r.is_kubernetes_object]
+    # Registration order varies between runs (resources resolve concurrently): sort by name.
+    cloud = sorted(
+        (r for r in result.resources if r.custom and not r.is_kubernetes_object),
+        key=lambda r: (r.name, r.type),
+    )
     if not cloud:
         lines.append("(none: this stack adopts an existing cluster)")
     for r in cloud:
@@ -258,7 +262,7 @@ def plan_markdown(stack: str, result: RunResult, files: list[str]) -> str:
         lines.append(yaml.safe_dump(normalize(r.inputs), sort_keys=True).rstrip())
         lines += ["```", ""]
     lines += ["", "## Kubernetes objects", ""]
-    lines += [f"- `{f}`" for f in files]
+    lines += [f"- `{f}`" for f in sorted(files)]
     lines += ["", "## Outputs", "", "| output | value |", "| --- | --- |"]
     for key, (value, secret) in result.outputs.items():
         shown = SECRET if secret else json.dumps(value)

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import pytest
-
-from infra.render import Registered, RunResult, run_program, stack_config
+from infra.render import Registered, RunResult, manifests, run_program, stack_config
 
 STACKS = ("dev", "staging", "prod", "local")
 
 _cache: dict[tuple[str, tuple[str, ...]], RunResult] = {}
-
-Program = Callable[..., RunResult]
 
 
 def run(stack: str, *overrides: str) -> RunResult:
@@ -23,11 +18,6 @@ def run(stack: str, *overrides: str) -> RunResult:
         config, secret_keys = stack_config(stack, list(overrides))
         _cache[key] = run_program(stack, config, secret_keys)
     return _cache[key]
-
-
-@pytest.fixture
-def program() -> Program:
-    return run
 
 
 def of_type(result: RunResult, type_: str) -> list[Registered]:
@@ -41,8 +31,6 @@ def one(result: RunResult, type_: str) -> Registered:
 
 
 def k8s_objects(result: RunResult, kind: str) -> list[dict[str, Any]]:
-    from infra.render import manifests
-
     return [m for m in manifests(result) if m["kind"] == kind]
 
 
