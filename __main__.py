@@ -1,2 +1,3 @@
 from infra.program import main
+
 main()
