@@ -6,9 +6,11 @@ from typing import Any
 
 import pytest
 import yaml
+from pulumi.runtime.mocks import MockMonitor
+from pulumi.runtime.settings import get_monitor
 
 from infra.jobs import LINGJUN_NCCL_ENV
-from infra.render import SECRET, RunResult, manifests, normalize
+from infra.render import SECRET, RunResult, manifests, normalize, run_program, stack_config
 from plugin.config import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_DEVICE_PLUGIN_DIR,
@@ -382,3 +384,24 @@ spec:
       tolerations:
         - operator: Exists
 """
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_resource_is_a_named_child_of_a_lingjun_component(stack: str) -> None:
+    config, secret_keys = stack_config(stack)
+    run_program(stack, config, secret_keys)
+    monitor = get_monitor()
+    assert isinstance(monitor, MockMonitor)
+    # URN tail: "<parent type>$<type>::<name>"
+    entries = [urn.split("::", 2)[2].rsplit("::", 1) for urn in monitor.resources]
+    components = {
+        name for qualified, name in entries if qualified.split("$")[-1].startswith("lingjun:")
+    }
+
+    for qualified, name in entries:
+        parent, _, type_ = qualified.rpartition("$")
+        if parent == "pulumi:pulumi:Stack":
+            assert type_.startswith("lingjun:") or type_ == "pulumi:providers:alicloud", name
+        else:
+            assert parent.startswith("lingjun:"), name
+            assert any(name.startswith(f"{c}-") for c in components), name
