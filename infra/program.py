@@ -26,8 +26,12 @@ def main() -> dict[str, pulumi.Output[Any]]:
     for spec in specs:
         resolve_host_network(spec, cfg.non_host_network)
 
-    alicloud = AlicloudProvider("alicloud", region=cfg.region)
-    in_region = pulumi.ResourceOptions(providers=[alicloud])
+    # Only where something talks to Alibaba Cloud: an adopted kubeconfig needs no cloud account.
+    needs_cloud = cfg.creates_cluster or cfg.cluster_id is not None or cfg.plugin_image_build
+    clouds: list[pulumi.ProviderResource] = (
+        [AlicloudProvider("alicloud", region=cfg.region)] if needs_cloud else []
+    )
+    in_region = pulumi.ResourceOptions(providers=clouds)
     exports: dict[str, pulumi.Output[Any]] = {}
     if cfg.creates_cluster:
         network = Network(f"{NAME}-net", _network_args(cfg), opts=in_region)
@@ -47,7 +51,7 @@ def main() -> dict[str, pulumi.Output[Any]]:
         exports["clusterId"] = pulumi.Output.from_input(cfg.cluster_id or "")
     exports["kubeconfig"] = kubeconfig
 
-    in_cluster = pulumi.ResourceOptions(providers=[alicloud, provider])
+    in_cluster = pulumi.ResourceOptions(providers=[*clouds, provider])
     plugin = RdmaDevicePlugin("rdma-device-plugin", _plugin_args(cfg), opts=in_cluster)
     exports["pluginDaemonSet"] = plugin.daemonset_name
     exports["pluginImage"] = plugin.image

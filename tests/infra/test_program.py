@@ -229,9 +229,9 @@ def test_kubeconfig_is_a_secret_output_and_a_secret_provider_input(stack: str) -
     assert normalize(provider.inputs)["kubeconfig"] == SECRET
 
 
-def test_existing_mode_creates_no_cloud_resource() -> None:
+def test_existing_mode_by_kubeconfig_needs_no_cloud_account() -> None:
     result = run("local")
-    cloud = [r.type for r in result.resources if r.custom and r.type.startswith("alicloud:")]
+    cloud = [r.type for r in result.resources if r.custom and "alicloud" in r.type]
 
     assert cloud == []
     assert k8s_objects(result, "DaemonSet")
@@ -240,6 +240,7 @@ def test_existing_mode_creates_no_cloud_resource() -> None:
 def test_existing_mode_by_cluster_id_fetches_the_kubeconfig_from_ack() -> None:
     result = run("local", "kubeconfig=", "clusterId=c123")
 
+    assert one(result, "pulumi:providers:alicloud").inputs["region"] == "cn-wulanchabu"
     assert result.outputs["clusterId"] == ("c123", False)
     assert result.outputs["kubeconfig"][1] is True
 
