@@ -190,13 +190,22 @@ def normalize(value: Any) -> Any:
     if isinstance(value, dict):
         d = cast(dict[str, Any], value)
         if d.get(_SIG_KEY) == _SECRET_SIG:
-            return SECRET
+            return _hide(normalize(d["value"]))
         return {k: normalize(d[k]) for k in sorted(d)}
     if isinstance(value, list):
         return [normalize(v) for v in cast(list[Any], value)]
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
+
+
+def _hide(value: Any) -> Any:
+    """A secret's shape with every value replaced, so a hidden Secret still passes the schema."""
+    if isinstance(value, dict):
+        return {k: _hide(v) for k, v in cast(dict[str, Any], value).items()}
+    if isinstance(value, list):
+        return [_hide(v) for v in cast(list[Any], value)]
+    return SECRET
 
 
 def _manifest(inputs: dict[str, Any]) -> dict[str, Any]:

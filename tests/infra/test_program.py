@@ -320,8 +320,10 @@ def test_registry_credentials_become_a_secret_pull_secret() -> None:
 
     assert pod["imagePullSecrets"] == [{"name": "rdma-device-plugin-pull"}]
     assert "hunter2" not in everything
-    assert k8s_object(result, "Secret", "rdma-device-plugin-pull")["stringData"] == SECRET
-    assert normalize(image.inputs)["registries"] == SECRET
+    assert k8s_object(result, "Secret", "rdma-device-plugin-pull")["stringData"] == {
+        ".dockerconfigjson": SECRET
+    }
+    assert normalize(image.inputs)["registries"][0]["password"] == SECRET
 
 
 def test_components_use_lingjun_type_tokens() -> None:

@@ -44,6 +44,16 @@ def test_every_stack_renders_schema_valid_manifests_and_a_plan(stack: str, tmp_p
         )
 
 
+def test_registry_pull_secret_renders_schema_valid_and_hidden(tmp_path: Path) -> None:
+    render("prod", tmp_path / "p", ["registryUsername=robot", "registryPassword=hunter2"])
+
+    secret = yaml.safe_load(
+        (tmp_path / "p" / "secret-lingjun-rdma-rdma-device-plugin-pull.yaml").read_text()
+    )
+    assert secret["stringData"] == {".dockerconfigjson": SECRET}
+    assert not [f for f in (tmp_path / "p").iterdir() if "hunter2" in f.read_text()]
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_no_two_resources_share_a_name(stack: str) -> None:
     result = run(stack)
