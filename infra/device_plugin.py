@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import pulumi
 import pulumi_docker_build as docker_build
@@ -20,7 +19,10 @@ from plugin.config import (
 )
 
 LINGJUN_NODE_LABEL = "alibabacloud.com/lingjun-worker"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# Relative to the project directory, where Pulumi runs the program: the plan stays the same on
+# every clone.
+BUILD_CONTEXT = "."
+DOCKERFILE = "plugin/Dockerfile"
 APP_LABEL = "app.kubernetes.io/name"
 
 
@@ -133,10 +135,8 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
         image = docker_build.Image(
             f"{name}-image",
             push=True,
-            context=docker_build.BuildContextArgs(location=str(REPO_ROOT)),
-            dockerfile=docker_build.DockerfileArgs(
-                location=str(REPO_ROOT / "plugin" / "Dockerfile")
-            ),
+            context=docker_build.BuildContextArgs(location=BUILD_CONTEXT),
+            dockerfile=docker_build.DockerfileArgs(location=DOCKERFILE),
             platforms=[docker_build.Platform.LINUX_AMD64],
             tags=[pulumi.Output.concat(registry, "/", namespace.name, "/", repo.name, ":latest")],
             registries=[
