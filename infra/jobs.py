@@ -242,16 +242,30 @@ def perftest(image: str) -> RdmaJobSpec:
     )
 
 
-def nccl_tests(image: str) -> RdmaJobSpec:
+def nccl_tests(image: str, *, pod_network: bool = False) -> RdmaJobSpec:
     """all_reduce_perf over 8 GPUs with Lingjun's NCCL RDMA settings."""
+    env = {**LINGJUN_NCCL_ENV, "NCCL_DEBUG": "INFO"}
+    if pod_network:
+        # GID 3 is the host address's RoCE v2 GID; off the host network the pod's own IPv6
+        # address has another index, so let NCCL pick the GID of that address family instead.
+        del env["NCCL_IB_GID_INDEX"]
+        env["NCCL_IB_ADDR_FAMILY"] = "AF_INET6"
     return RdmaJobSpec(
         name="nccl-tests",
         image=image,
         command=("all_reduce_perf", "-b", "8", "-e", "8G", "-f", "2", "-g", "8"),
         gpus=8,
-        env={**LINGJUN_NCCL_ENV, "NCCL_DEBUG": "INFO"},
+        env=env,
         backoff_limit=0,
     )
 
 
-SAMPLES = {"hps-benchmark": hps_benchmark, "perftest": perftest, "nccl-tests": nccl_tests}
+def sample(job: str, image: str, *, non_host_network: bool) -> RdmaJobSpec:
+    """The spec of a sample Job (`sampleJobs`) for the stack's network mode."""
+    if job == "hps-benchmark":
+        return hps_benchmark(image)
+    if job == "perftest":
+        return perftest(image)
+    if job == "nccl-tests":
+        return nccl_tests(image, pod_network=non_host_network)
+    raise JobSpecError(f"no sample Job {job!r}: config.py lists the samples this module builds")

@@ -11,7 +11,7 @@ from infra.alicloud import Provider as AlicloudProvider
 from infra.cluster import Cluster, ClusterArgs, ExistingCluster, LingjunGroup
 from infra.config import StackConfig
 from infra.device_plugin import DevicePluginArgs, ImageBuild, RdmaDevicePlugin
-from infra.jobs import SAMPLES, RdmaJob, RdmaJobArgs, resolve_host_network
+from infra.jobs import RdmaJob, RdmaJobArgs, resolve_host_network, sample
 from infra.network import Network, NetworkArgs
 from plugin.config import PluginConfig, Pool
 
@@ -22,7 +22,10 @@ def main() -> dict[str, pulumi.Output[Any]]:
     """Build the stack; returns what it exported (the offline render reads it)."""
     cfg = config.load()
     # Every Job's network mode is checked before the first resource is planned.
-    specs = [SAMPLES[job](_image(cfg, job)) for job in cfg.sample_jobs]
+    specs = [
+        sample(job, _image(cfg, job), non_host_network=cfg.non_host_network)
+        for job in cfg.sample_jobs
+    ]
     for spec in specs:
         resolve_host_network(spec, cfg.non_host_network)
 

@@ -9,7 +9,8 @@ import yaml
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import get_monitor
 
-from infra.jobs import LINGJUN_NCCL_ENV
+from infra.config import SAMPLE_JOBS
+from infra.jobs import LINGJUN_NCCL_ENV, sample
 from infra.render import SECRET, RunResult, manifests, normalize, run_program, stack_config
 from plugin.config import (
     DEFAULT_CONFIG_PATH,
@@ -140,6 +141,20 @@ def test_nccl_tests_runs_all_reduce_on_8_gpus_with_lingjun_nccl_env() -> None:
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert env["NCCL_IB_GID_INDEX"] == "3"
     assert env.items() >= LINGJUN_NCCL_ENV.items()
+
+
+def test_nccl_tests_off_the_host_network_lets_nccl_pick_the_pods_ipv6_gid() -> None:
+    container = _pod(k8s_object(run("staging"), "Job", "nccl-tests"))["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+
+    assert "NCCL_IB_GID_INDEX" not in env
+    assert env["NCCL_IB_ADDR_FAMILY"] == "AF_INET6"
+    assert env["NCCL_IB_HCA"] == "mlx5"
+
+
+def test_every_configurable_sample_has_a_spec() -> None:
+    for job in SAMPLE_JOBS:
+        assert sample(job, "i:1", non_host_network=False).name == job
 
 
 def test_sample_jobs_skip_await_unless_the_stack_sets_a_timeout() -> None:
