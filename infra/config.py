@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -97,6 +98,8 @@ class StackConfig(BaseModel):
         }[job]
 
 
+# A Go duration as Pulumi's custom timeouts take it (whole units are all a Job needs).
+_DURATION = re.compile(r"^[1-9][0-9]*(s|m|h)$")
 _LIST_KEYS = {"zoneIds", "vswitchCidrs", "sampleJobs"}
 _KNOWN_KEYS = {f.alias or to_camel(n) for n, f in StackConfig.model_fields.items()}
 
@@ -320,6 +323,12 @@ def _check_image(c: StackConfig) -> list[str]:
 
 def _check_samples(c: StackConfig) -> list[str]:
     problems: list[str] = []
+    if c.job_await_timeout is not None and not _DURATION.match(c.job_await_timeout):
+        problems.append(
+            f"{_key('jobAwaitTimeout')}: {c.job_await_timeout!r} is not a duration like 30m or "
+            f"2h {_set('jobAwaitTimeout', '30m')}, or unset it to skip awaiting "
+            f"(pulumi config rm {_key('jobAwaitTimeout')})"
+        )
     for job in c.sample_jobs:
         if job not in SAMPLE_JOBS:
             problems.append(

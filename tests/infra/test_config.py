@@ -202,6 +202,12 @@ def test_registry_username_without_password_is_refused() -> None:
     assert "give both, or neither" in message
 
 
+def test_job_await_timeout_must_be_a_duration() -> None:
+    message = _error(jobAwaitTimeout="half an hour")
+
+    assert "lingjun-rdma:jobAwaitTimeout: 'half an hour' is not a duration like 30m" in message
+
+
 def test_every_problem_is_reported_at_once() -> None:
     message = _error(nonHostNetwork="true", pluginImage="", rdmaResourceName="hca")
 
