@@ -28,13 +28,21 @@ def list_and_watch_response(view: policy.PoolView) -> api_pb2.ListAndWatchRespon
         tail = tails.get(key)
         if tail is None:
             tail = tails[key] = _device_tail(*key)
-        ident = d.id.encode()
-        field = _varint(1 << 3 | 2) + _varint(len(ident)) + ident  # Device.ID (field 1, bytes)
-        chunks += (_DEVICES_TAG, _varint(len(field) + len(tail)), field, tail)
+        ident = d.id.encode()  # <= 63 bytes: the config and the pool keep IDs that short
+        size = 2 + len(ident) + len(tail)
+        chunks += (
+            _FIELD_1,  # ListAndWatchResponse.devices
+            _ONE_BYTE[size] if size < 128 else _varint(size),
+            _FIELD_1,  # Device.ID
+            _ONE_BYTE[len(ident)],
+            ident,
+            tail,
+        )
     return api_pb2.ListAndWatchResponse.FromString(b"".join(chunks))
 
 
-_DEVICES_TAG = bytes((1 << 3 | 2,))  # ListAndWatchResponse.devices (field 1, length-delimited)
+_FIELD_1 = bytes((1 << 3 | 2,))  # field number 1, wire type 2 (length-delimited)
+_ONE_BYTE = [bytes((i,)) for i in range(128)]  # varints below 128
 
 
 def _device_tail(healthy: bool, numa_nodes: tuple[int, ...]) -> bytes:
