@@ -44,7 +44,7 @@ proto: setup ## Regenerate the committed device plugin API stubs
 	  plugin/api/v1beta1/api.proto
 
 bench: setup ## Benchmarks: print figures (never asserted)
-	@echo "bench: not done yet (issue 4: device plugin)"; exit 1
+	$(PY) -m benchmarks.plugin_bench
 
 test-rdma: setup ## Real verbs in a Soft-RoCE qemu VM
 	@echo "test-rdma: not done yet (issue 6: Soft-RoCE VM)"; exit 1
@@ -52,8 +52,14 @@ test-rdma: setup ## Real verbs in a Soft-RoCE qemu VM
 e2e: setup ## The plugin against a real kubelet v1.34 + containerd
 	@echo "e2e: not done yet (issue 7: real kubelet)"; exit 1
 
-image: ## Build plugin/Dockerfile (needs a container engine)
-	@echo "image: not done yet (issue 4: plugin Dockerfile)"; exit 1
+IMAGE ?= lingjun-rdma-plugin:dev
+image: ## Build plugin/Dockerfile as $(IMAGE) (needs a running Docker or Podman engine)
+	@engine=$$(for e in docker podman; do command -v $$e >/dev/null && $$e info >/dev/null 2>&1 \
+	  && echo $$e && break; done); \
+	if [ -z "$$engine" ]; then echo "image: no container engine runs on this machine (docker/podman" \
+	  "info failed): build on a machine with one, or let Pulumi build it (pluginImageBuild: true)" >&2; \
+	  exit 1; fi; \
+	$$engine build -f plugin/Dockerfile -t $(IMAGE) .
 
 clean: ## Remove the venv and build outputs
 	rm -rf $(VENV) out .pytest_cache .ruff_cache

@@ -122,16 +122,10 @@ async def run(args: argparse.Namespace, config: PluginConfig, discovery: Discove
         watcher.servicers[view.pool.name] = servicer
         endpoints.append(Endpoint(servicer, args.device_plugin_dir, metrics))
 
-    def on_kubelet() -> None:
-        logger.info("kubelet.sock (re)created: registering again")
+    def on_dir_event(name: str) -> None:
+        logger.debug("device-plugins dir: %s changed", name)
         for e in endpoints:
             e.wake()
-
-    def on_deleted(name: str) -> None:
-        for e in endpoints:
-            if e.path.name == name and not e.serving:
-                logger.warning("%s was deleted: serving and registering again", e.path)
-                e.wake()
 
     http = None
     if args.metrics_address:
@@ -148,7 +142,7 @@ async def run(args: argparse.Namespace, config: PluginConfig, discovery: Discove
     tasks.append(asyncio.create_task(watcher.run(), name="health"))
     tasks.append(
         asyncio.create_task(
-            DirWatcher(args.device_plugin_dir, on_kubelet, on_deleted).run(), name="dir watcher"
+            DirWatcher(args.device_plugin_dir, on_dir_event).run(), name="dir watcher"
         )
     )
     stopper = asyncio.create_task(stop.wait())

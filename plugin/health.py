@@ -102,10 +102,9 @@ class HealthWatcher:
             + list(conflicts)
             + [p for h in inventory.hcas for p in h.problems]
         )
-        for view in views:
-            problems += [
-                f"{view.pool.resource_name}: {d.reason}" for d in view.devices[:1] if not d.healthy
-            ]
+        for view in views:  # shared IDs all carry the same reason: report each reason once
+            reasons = dict.fromkeys(d.reason for d in view.devices if d.reason)
+            problems += [f"{view.pool.resource_name}: {r}" for r in reasons]
         if self.config.non_host_network:
             hcas = tuple(h for v in views for h in v.hcas)
             net = non_host_network_problems(inventory, hcas)

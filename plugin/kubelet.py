@@ -22,7 +22,10 @@ logger = logging.getLogger(__name__)
 KUBELET_SOCKET = "kubelet.sock"
 API_VERSION = "v1beta1"
 MAX_UNIX_PATH = 107
-_CHANNEL_OPTIONS = [("grpc.default_authority", "localhost")]
+# A fresh subchannel per channel: grpc-python otherwise shares subchannels between channels to
+# the same address, and one that failed while the kubelet restarted answers from its reconnect
+# backoff (seconds) instead of dialing the new kubelet.sock.
+_CHANNEL_OPTIONS = [("grpc.default_authority", "localhost"), ("grpc.use_local_subchannel_pool", 1)]
 _BACKOFF_START, _BACKOFF_MAX = 0.1, 5.0
 # Register is synchronous in the kubelet: it dials us back (up to 10 s) before answering.
 _REGISTER_TIMEOUT = 15.0
@@ -45,19 +48,39 @@ class Endpoint:
                 "use a shorter --device-plugin-dir"
             )
         self.metrics = metrics
-        self.registered = False
+        self.kubelet = plugin_dir / KUBELET_SOCKET
         self._server: grpc.aio.Server | None = None
         self._inode: int | None = None
+        # Level-triggered: a wake only says "look again"; what to do follows from this state, so
+        # a burst of events (a kubelet restart gives three) leads to one registration.
+        self._registered_with: int | None = None  # inode of the kubelet.sock we registered with
+        self._stream_lost = False
         self._wake = asyncio.Event()
-        servicer.on_stream_end = self.wake
+        servicer.on_stream_end = self._on_stream_end
 
     def wake(self) -> None:
-        self.registered = False
+        self._wake.set()
+
+    def _on_stream_end(self) -> None:
+        self._stream_lost = True
         self._wake.set()
 
     @property
     def serving(self) -> bool:
-        return self._server is not None and self._inode == _inode(self.path)
+        return (
+            self._server is not None
+            and self._inode is not None
+            and self._inode == _inode(self.path)
+        )
+
+    @property
+    def registered(self) -> bool:
+        return (
+            self.serving
+            and not self._stream_lost
+            and self._registered_with is not None
+            and self._registered_with == _inode(self.kubelet)
+        )
 
     async def run(self) -> None:
         """Until cancelled: keep the socket served and the kubelet informed."""
@@ -65,8 +88,9 @@ class Endpoint:
             self._wake.clear()
             if not self.serving:
                 await self._restart_server()
-            if await self._register():
-                await self._wake.wait()
+            if not self.registered and not await self._register():
+                continue  # woken while backing off: look again at once
+            await self._wake.wait()
 
     async def stop(self) -> None:
         await self.servicer.stop_streams()
@@ -87,6 +111,7 @@ class Endpoint:
         server.add_insecure_port(f"unix://{self.path}")
         await server.start()
         self._server, self._inode = server, _inode(self.path)
+        self._registered_with = None  # the kubelet must dial the new socket
         async with grpc.aio.insecure_channel(f"unix://{self.path}", options=_CHANNEL_OPTIONS) as ch:
             await api_pb2_grpc.DevicePluginStub(ch).GetDevicePluginOptions(
                 api_pb2.Empty(), timeout=5
@@ -96,9 +121,12 @@ class Endpoint:
     async def _register(self) -> bool:
         """Register, retrying with backoff; False when woken to start over."""
         backoff = _BACKOFF_START
-        kubelet = self.plugin_dir / KUBELET_SOCKET
-        while True:
+        kubelet = self.kubelet
+        while self.serving:  # a kubelet starting up may delete our socket at any point
             self.servicer.generation += 1
+            self._stream_lost = False
+            self._registered_with = None
+            target = _inode(kubelet)
             try:
                 async with grpc.aio.insecure_channel(
                     f"unix://{kubelet}", options=_CHANNEL_OPTIONS
@@ -125,7 +153,7 @@ class Endpoint:
                     backoff,
                 )
             else:
-                self.registered = True
+                self._registered_with = target
                 self.metrics.registrations.labels(self.servicer.resource, "ok").inc()
                 logger.info("%s: registered with the kubelet", self.servicer.resource)
                 return True
@@ -134,21 +162,21 @@ class Endpoint:
                 return False
             except TimeoutError:
                 backoff = min(backoff * 2, _BACKOFF_MAX)
+        return False
 
 
 class DirWatcher:
-    """inotify on the device-plugins dir: calls `on_kubelet` when kubelet.sock appears and
-    `on_deleted(name)` when a socket goes away; re-arms itself if the dir is re-created."""
+    """inotify on the device-plugins dir: calls `on_change(name)` when a file appears or goes
+    away there (kubelet.sock re-created, our socket deleted); re-arms if the dir is re-created.
+    Renames count too: the kubelet rewrites its checkpoint through temp files, which only costs
+    the endpoints a look at their state."""
 
     _IN_CREATE, _IN_DELETE, _IN_MOVED_TO, _IN_MOVED_FROM = 0x100, 0x200, 0x80, 0x40
     _IN_DELETE_SELF, _IN_MOVE_SELF, _IN_IGNORED = 0x400, 0x800, 0x8000
 
-    def __init__(
-        self, directory: Path, on_kubelet: Callable[[], None], on_deleted: Callable[[str], None]
-    ) -> None:
+    def __init__(self, directory: Path, on_change: Callable[[str], None]) -> None:
         self.directory = directory
-        self.on_kubelet = on_kubelet
-        self.on_deleted = on_deleted
+        self.on_change = on_change
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._fd = -1
 
@@ -164,7 +192,7 @@ class DirWatcher:
                 await self._arm()
                 await lost.wait()
                 lost.clear()
-                self.on_kubelet()  # the dir came back: whatever was there is new
+                self.on_change(str(self.directory))  # the dir came back: all in it is new
         finally:
             loop.remove_reader(self._fd)
             os.close(self._fd)
@@ -196,10 +224,8 @@ class DirWatcher:
             offset += 16 + length
             if mask & (self._IN_DELETE_SELF | self._IN_MOVE_SELF | self._IN_IGNORED):
                 lost.set()
-            elif mask & (self._IN_CREATE | self._IN_MOVED_TO) and name == KUBELET_SOCKET:
-                self.on_kubelet()
-            elif mask & (self._IN_DELETE | self._IN_MOVED_FROM):
-                self.on_deleted(name)
+            else:
+                self.on_change(name)
 
 
 def _inode(path: Path) -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from functools import cached_property
 from pathlib import Path
 
 from plugin.config import MAX_ID_LENGTH, PluginConfig, Pool, Selector, shared_device_id
@@ -53,6 +54,7 @@ class PoolView:
     devices: tuple[Device, ...]
     rdma_cm: bool
 
+    @cached_property
     def by_id(self) -> dict[str, Device]:
         return {d.id: d for d in self.devices}
 
@@ -147,7 +149,7 @@ def preferred(
     rest = [i for i in available if i not in picked]
     if view.pool.mode == "shared":
         return chosen + rest[: size - len(chosen)]
-    devices = view.by_id()
+    devices = view.by_id
     by_node: dict[int, list[str]] = defaultdict(list)
     for device_id in sorted(rest):
         nodes = devices[device_id].numa_nodes if device_id in devices else ()
@@ -163,7 +165,7 @@ def preferred(
 
 def allocate(view: PoolView, ids: list[str], dev_root: Path) -> Allocation:
     """Device specs for rdma_cm and each HCA's uverbs/umad(/issm) behind `ids`."""
-    devices = view.by_id()
+    devices = view.by_id
     hca_names: dict[str, None] = {}
     for device_id in ids:
         device = devices.get(device_id)

@@ -16,7 +16,8 @@ import grpc
 
 from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 
-OPTIONS = [("grpc.default_authority", "localhost")]
+# like the Go kubelet: no subchannel shared between channels (see plugin/kubelet.py)
+OPTIONS = [("grpc.default_authority", "localhost"), ("grpc.use_local_subchannel_pool", 1)]
 
 
 @dataclass
@@ -88,13 +89,14 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
         self._server = server
 
     async def stop(self) -> None:
+        """Like a kubelet exiting: Registration goes away first, then every stream drops."""
+        if self._server is not None:
+            await self._server.stop(grace=0)
+            self._server = None
         for reg in self.registrations:
             if reg.stream is not None:
                 reg.stream.cancel()
             await reg.channel.close()
-        if self._server is not None:
-            await self._server.stop(grace=0)
-            self._server = None
 
     async def restart(self) -> None:
         """What a kubelet restart does to the dir: every unix socket deleted, kubelet.sock anew."""

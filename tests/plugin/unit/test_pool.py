@@ -9,9 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plugin import pool as policy
+from plugin.api.v1beta1 import api_pb2
 from plugin.config import PluginConfig, Pool, Selector
 from plugin.discovery.model import CharDevices, Gid, Hca, Inventory, Port
 from plugin.netmode import non_host_network_problems
+from plugin.server import list_and_watch_response
 
 DEV = Path("/host/dev")
 
@@ -196,3 +198,23 @@ def test_preferred_packs_on_fewest_numa_nodes() -> None:
 
     assert policy.preferred(v, [d.id for d in v.devices], [], 3) == ["mlx5_1", "mlx5_2", "mlx5_3"]
     assert policy.preferred(v, [d.id for d in v.devices], ["mlx5_0"], 2) == ["mlx5_0", "mlx5_4"]
+
+
+@settings(max_examples=50, deadline=None)
+@given(hcas=hca_lists, mode=st.sampled_from(["shared", "exclusive"]))
+def test_list_and_watch_wire_encoding_equals_the_plain_messages(hcas: list[Hca], mode: str) -> None:
+    v = view(mode, hcas, **({"max_allocations": 30} if mode == "shared" else {}))
+
+    plain = api_pb2.ListAndWatchResponse(
+        devices=[
+            api_pb2.Device(
+                ID=d.id,
+                health="Healthy" if d.healthy else "Unhealthy",
+                topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=n) for n in d.numa_nodes])
+                if d.numa_nodes
+                else None,
+            )
+            for d in v.devices
+        ]
+    )
+    assert list_and_watch_response(v) == plain
