@@ -244,10 +244,10 @@ def _daemonset_spec(
             limits={"cpu": "500m", "memory": "256Mi"},
         ),
         # Root because the kubelet's device-plugins dir belongs to root: as its owner, uid 0
-        # creates its socket there without CAP_DAC_OVERRIDE. Reading link state over netlink and sysfs
-        # needs no capability either, so every capability is dropped. nonHostNetwork adds no
-        # privilege here: pods off the host network get their RDMA through the kernel's shared
-        # netns mode and the char devices Allocate hands out, not through this container.
+        # creates its socket there without CAP_DAC_OVERRIDE. Reading link state over netlink
+        # and sysfs needs no capability either, so every capability is dropped. nonHostNetwork
+        # adds no privilege here: pods off the host network get their RDMA through the kernel's
+        # shared netns mode and the char devices Allocate hands out, not through this container.
         security_context=k8s.core.v1.SecurityContextArgs(
             run_as_user=0,
             run_as_non_root=False,
