@@ -100,7 +100,6 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
             f"{name}-ds",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=name, namespace=args.namespace, labels=labels),
             spec=_daemonset_spec(
-                name=name,
                 labels=labels,
                 image=self.image,
                 service_account=account.metadata.name,
@@ -220,7 +219,6 @@ def _probe(initial_delay: int) -> k8s.core.v1.ProbeArgs:
 
 def _daemonset_spec(
     *,
-    name: str,
     labels: dict[str, str],
     image: pulumi.Input[str],
     service_account: pulumi.Input[str],
