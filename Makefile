@@ -45,6 +45,7 @@ proto: setup ## Regenerate the committed device plugin API stubs
 
 bench: setup ## Benchmarks: print figures (never asserted)
 	$(PY) -m benchmarks.plugin_bench
+	$(PY) -m benchmarks.infra_bench
 
 test-rdma: setup ## Real verbs in a Soft-RoCE qemu VM
 	@echo "test-rdma: not done yet (issue 6: Soft-RoCE VM)"; exit 1
