@@ -202,9 +202,9 @@ def plugin_command() -> list[str]:
     ]
 
 
-def _host_path(name: str, path: str) -> k8s.core.v1.VolumeArgs:
+def _host_path(name: str, path: str, kind: str = "Directory") -> k8s.core.v1.VolumeArgs:
     return k8s.core.v1.VolumeArgs(
-        name=name, host_path=k8s.core.v1.HostPathVolumeSourceArgs(path=path, type="Directory")
+        name=name, host_path=k8s.core.v1.HostPathVolumeSourceArgs(path=path, type=kind)
     )
 
 
@@ -284,7 +284,9 @@ def _daemonset_spec(
         volumes=[
             _host_path("device-plugins", str(DEFAULT_DEVICE_PLUGIN_DIR)),
             _host_path("sys", "/sys"),
-            _host_path("infiniband", "/dev/infiniband"),
+            # Absent until the RDMA driver loads: the plugin must start anyway (zero devices) and
+            # see the device nodes appear in this same directory.
+            _host_path("infiniband", "/dev/infiniband", "DirectoryOrCreate"),
             k8s.core.v1.VolumeArgs(
                 name="config", config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=config_map)
             ),

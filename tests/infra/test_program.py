@@ -291,6 +291,10 @@ def test_daemonset_mounts_only_what_the_plugin_needs() -> None:
     assert mounts["/sys"] is True
     assert mounts["/dev/infiniband"] is True
     assert mounts[str(DEFAULT_CONFIG_PATH.parent)] is True
+    kinds = {
+        v["hostPath"]["path"]: v["hostPath"]["type"] for v in pod["volumes"] if "hostPath" in v
+    }
+    assert kinds["/dev/infiniband"] == "DirectoryOrCreate", "a node whose driver is not loaded yet"
 
 
 def test_daemonset_command_and_probes_use_the_plugins_paths_and_port() -> None:
