@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from plugin.config import Pool
 from plugin.discovery.model import CharDevices, Hca, Port
 from plugin.server import list_and_watch_response
 from tests.plugin.kubelet_peer import KubeletPeer
+from tests.plugin.plugin_process import PluginProcess
 from tests.plugin.sysfs_tree import two_mlx5
 
 ECHO_SERVER = """
@@ -70,37 +70,14 @@ class Bench:
         self.dir.mkdir()
         self.peer = KubeletPeer(self.dir)
 
-    def plugin_argv(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "plugin",
-            "--sysfs-root",
-            str(self.tree.sys),
-            "--dev-root",
-            str(self.tree.dev),
-            "--device-plugin-dir",
-            str(self.dir),
-            "--discovery",
-            "sysfs",
-            "--rescan-interval",
-            "0.1",
-            "--metrics-address",
-            "",
-            "--log-level",
-            "warning",
-        ]
-
-    async def start_plugin(self) -> tuple[asyncio.subprocess.Process, float]:
+    async def start_plugin(self) -> tuple[PluginProcess, float]:
+        """Start -> first ListAndWatch at the peer; at info, the DaemonSet's log level."""
+        plugin = PluginProcess(self.tmp, self.tree, self.dir, log_level="info")
         before = len(self.peer.registrations)
         t0 = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec(*self.plugin_argv())
+        await plugin.start()
         await self.peer.wait_registrations(before + 1)
-        return proc, time.perf_counter() - t0
-
-    async def stop_plugin(self, proc: asyncio.subprocess.Process) -> None:
-        proc.send_signal(signal.SIGTERM)
-        await proc.wait()
+        return plugin, time.perf_counter() - t0
 
     async def run(self) -> None:
         await self.peer.start()
@@ -112,7 +89,7 @@ class Bench:
                 await self.p2_port_down()
                 await self.p3_kubelet_restart()
             finally:
-                await self.stop_plugin(proc)
+                await proc.terminate()
         finally:
             await self.peer.stop()
             shutil.rmtree(self.tmp, ignore_errors=True)
@@ -192,8 +169,9 @@ class Bench:
         for _ in range(reps):
             proc, took = await self.start_plugin()
             starts.append(took)
-            rss.append(rss_kib(proc.pid))
-            await self.stop_plugin(proc)
+            assert proc.proc is not None
+            rss.append(rss_kib(proc.proc.pid))
+            await proc.terminate()
         print(f"P4 start -> registered      {fmt_ms(starts)}   (n={reps}; goal <= 1.5 s)")
         print(
             f"   RSS after registration   {statistics.median(rss) / 1024:.1f} MB median "

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-import signal
-import socket
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,71 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.plugin.kubelet_peer import KubeletPeer
+from tests.plugin.plugin_process import PluginProcess
 from tests.plugin.sysfs_tree import SysfsTree, two_mlx5
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class PluginProcess:
-    """`python -m plugin …` with flags pointing at a fixture tree and a temp plugin dir."""
-
-    def __init__(self, root: Path, tree: SysfsTree, plugin_dir: Path) -> None:
-        self.root = root
-        self.tree = tree
-        self.plugin_dir = plugin_dir
-        self.metrics_port = free_port()
-        self.log = root / "plugin.log"
-        self.proc: asyncio.subprocess.Process | None = None
-
-    def argv(self, config: Path | None = None, *extra: str) -> list[str]:
-        args = [
-            sys.executable,
-            "-m",
-            "plugin",
-            "--sysfs-root",
-            str(self.tree.sys),
-            "--dev-root",
-            str(self.tree.dev),
-            "--device-plugin-dir",
-            str(self.plugin_dir),
-            "--discovery",
-            "sysfs",
-            "--rescan-interval",
-            "0.1",
-            "--metrics-address",
-            f"127.0.0.1:{self.metrics_port}",
-            "--log-level",
-            "debug",
-        ]
-        return args + (["--config", str(config)] if config else []) + list(extra)
-
-    async def start(self, config: Path | None = None, *extra: str) -> None:
-        with self.log.open("ab") as log:
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.argv(config, *extra), stdout=log, stderr=log
-            )
-
-    async def terminate(self, sig: int = signal.SIGTERM) -> int:
-        assert self.proc is not None
-        if self.proc.returncode is None:
-            self.proc.send_signal(sig)
-        return await asyncio.wait_for(self.proc.wait(), 10)
-
-    async def wait(self) -> int:
-        assert self.proc is not None
-        return await asyncio.wait_for(self.proc.wait(), 10)
-
-    def write_config(self, text: str) -> Path:
-        path = self.root / "plugin.yaml"
-        path.write_text(text)
-        return path
-
-    def output(self) -> str:
-        return self.log.read_text() if self.log.exists() else ""
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from plugin.api.v1beta1 import api_pb2
-from tests.plugin.integration.conftest import PluginProcess
 from tests.plugin.kubelet_peer import KubeletPeer
+from tests.plugin.plugin_process import PluginProcess
 from tests.plugin.sysfs_tree import PortSpec
 
 EXCLUSIVE = """

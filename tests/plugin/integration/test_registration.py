@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from plugin.api.v1beta1 import api_pb2
-from tests.plugin.integration.conftest import PluginProcess
 from tests.plugin.kubelet_peer import KubeletPeer
+from tests.plugin.plugin_process import PluginProcess
 
 SOCKET = "lingjun-rdma-rdma_hca.sock"
 
