@@ -1,0 +1,133 @@
+"""Session fixtures: one cluster for the run, the plugin beside it, pods cleaned per test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import PEER_SKIP_PREFIX
+from tests.e2e.cluster import BUSYBOX_IMAGE, NODE, Cluster, Peers
+from tests.e2e.kube import Api, ApiError
+from tests.e2e.node import REPO, Plugin
+from tests.e2e.procs import eventually
+
+RESOURCE = "rdma/hca"
+
+
+@pytest.fixture(scope="session")
+def logs() -> Path:
+    """Every process's log, kept after the run (out/ is what `make clean` removes)."""
+    path = Path(os.environ.get("LINGJUN_E2E_LOGS", REPO / "out" / "e2e-logs"))
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def cluster(logs: Path) -> Iterator[Cluster]:
+    peers = Peers.find()
+    if isinstance(peers, str):
+        pytest.skip(f"{PEER_SKIP_PREFIX} {peers}")
+    if os.geteuid() != 0:
+        pytest.skip(f"{PEER_SKIP_PREFIX} root (the kubelet and containerd need it)")
+    c = Cluster(peers, logs)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="session")
+def api(cluster: Cluster) -> Api:
+    return cluster.api
+
+
+@pytest.fixture(scope="session")
+def node_root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="ljn", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def session_plugin(cluster: Cluster, node_root: Path, logs: Path) -> Iterator[Plugin]:
+    plugin = Plugin(node_root, logs)
+    yield plugin
+    plugin.stop()
+
+
+@pytest.fixture
+def plugin(session_plugin: Plugin, api: Api) -> Plugin:
+    """The plugin running with the default config (shared rdma/hca: 1k), its ports all up."""
+    p = session_plugin
+    for ibdev in ("mlx5_0", "mlx5_1"):
+        p.tree.set_port(ibdev, 1, "ACTIVE")
+    if not p.running() or p.config is not None:
+        p.stop()
+        p.start()
+    wait_allocatable(api, "1k")
+    return p
+
+
+@pytest.fixture
+def pods(api: Api) -> Iterator[list[str]]:
+    """Names of pods a test creates: deleted, and waited gone, after it."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        api.delete_pod(name)
+    for name in names:
+        eventually(lambda name=name: _gone(api, name), 60, f"pod {name} deleted")
+
+
+def _gone(api: Api, name: str) -> bool:
+    try:
+        api.pod(name)
+    except ApiError as exc:
+        return exc.status == 404
+    return False
+
+
+def node_resource(api: Api) -> tuple[str | None, str | None]:
+    status = api.node(NODE)["status"]
+    return status["capacity"].get(RESOURCE), status["allocatable"].get(RESOURCE)
+
+
+def wait_allocatable(api: Api, quantity: str, timeout: float = 60) -> tuple[str | None, ...]:
+    return eventually(
+        lambda: (r := node_resource(api))[1] == quantity and r,
+        timeout,
+        f"Node {NODE} allocatable {RESOURCE} == {quantity!r} (capacity, allocatable)",
+    )
+
+
+def pod_manifest(name: str, count: int | str, command: str) -> dict[str, Any]:
+    """A hostNetwork busybox pod bound to the node (no scheduler runs) asking `count` HCAs."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": NODE,
+            "hostNetwork": True,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "c",
+                    "image": BUSYBOX_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", command],
+                    "resources": {"limits": {RESOURCE: str(count)}},
+                }
+            ],
+        },
+    }

@@ -1,0 +1,271 @@
+"""The plugin against the real kubelet v1.34 and API server: the scenarios of Kubernetes' own
+e2e_node device plugin tests, asserted on what the kubelet and the API server report."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from tests.e2e.cluster import NODE, Cluster
+from tests.e2e.conftest import RESOURCE, node_resource, pod_manifest, wait_allocatable
+from tests.e2e.kube import Api, allocatable_ids, pod_devices
+from tests.e2e.node import REPO, Plugin
+from tests.e2e.procs import eventually
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+# What the container reports: each device node it sees with its major:minor (hex, as stat
+# prints them), the HCAs the plugin named in the env, then a marker that the listing is complete.
+LISTING = (
+    'for f in /dev/infiniband/*; do stat -c "%n %t:%T" "$f"; done; '
+    'echo "hcas=$LINGJUN_RDMA_HCAS"; echo listed; exec sleep 3600'
+)
+SHARED_IDS = {f"hca-{i}" for i in range(1000)}
+EXCLUSIVE = """
+version: v1
+pools:
+  - name: hca
+    mode: exclusive
+"""
+
+
+def registrations(api: Api) -> int:
+    """The kubelet's own count of rdma/hca registrations since it started (its /metrics)."""
+    text = str(api.get(f"/api/v1/nodes/{NODE}/proxy/metrics"))
+    m = re.search(
+        r'^kubelet_device_plugin_registration_total\{resource_name="rdma/hca"\} (\d+)',
+        text,
+        re.M,
+    )
+    return int(m.group(1)) if m else 0
+
+
+def pod_status(api: Api, name: str) -> dict[str, object]:
+    return api.pod(name)["status"]
+
+
+def run_listing_pod(api: Api, pods: list[str], name: str) -> tuple[dict[str, str], str]:
+    """Start a pod asking one HCA; return the device nodes its container sees and its env."""
+    pods.append(name)
+    api.create_pod(pod_manifest(name, 1, LISTING))
+
+    def listed() -> str | None:
+        status = api.pod(name)["status"]
+        if status.get("phase") == "Failed":
+            raise AssertionError(f"pod {name} failed: {status}")
+        if status.get("phase") != "Running":
+            return None
+        log = api.pod_log(name)
+        return log if "listed" in log.splitlines() else None
+
+    log = eventually(listed, 90, f"pod {name} running and listing /dev/infiniband")
+    seen: dict[str, str] = {}
+    hcas = ""
+    for line in log.splitlines():
+        if line.startswith("/dev/infiniband/"):
+            path, numbers = line.split()
+            seen[path.removeprefix("/dev/infiniband/")] = numbers
+        elif line.startswith("hcas="):
+            hcas = line.removeprefix("hcas=")
+    return seen, hcas
+
+
+def hex_numbers(plugin: Plugin, names: list[str]) -> dict[str, str]:
+    return {n: "{:x}:{:x}".format(*plugin.dev_numbers[n]) for n in names}
+
+
+def container_id(api: Api, name: str) -> str:
+    return str(api.pod(name)["status"]["containerStatuses"][0]["containerID"])
+
+
+# 1 -----------------------------------------------------------------------------------------
+def test_registration_shows_1k_on_the_node_and_ids_in_pod_resources(
+    plugin: Plugin, api: Api, cluster: Cluster
+) -> None:
+    assert node_resource(api) == ("1k", "1k")
+
+    ids = allocatable_ids(cluster.pod_resources_sock, RESOURCE)
+
+    assert set(ids) == SHARED_IDS
+    assert ids["hca-0"] == [0, 1]  # a shared ID spans both HCAs, so both NUMA nodes
+
+
+# 2 -----------------------------------------------------------------------------------------
+def test_host_network_pod_sees_exactly_the_allocated_device_nodes(
+    plugin: Plugin, api: Api, cluster: Cluster, pods: list[str]
+) -> None:
+    seen, hcas = run_listing_pod(api, pods, "rdma-one")
+
+    everything = ["rdma_cm", "umad0", "umad1", "uverbs0", "uverbs1"]
+    assert seen == hex_numbers(plugin, everything)
+    assert hcas == "mlx5_0,mlx5_1"
+    assigned = pod_devices(cluster.pod_resources_sock, "rdma-one")
+    assert len(assigned) == 1
+    assert set(assigned) <= SHARED_IDS
+
+
+# 3 -----------------------------------------------------------------------------------------
+def test_pod_asking_more_than_allocatable_is_rejected_by_the_kubelet(
+    plugin: Plugin, api: Api, pods: list[str]
+) -> None:
+    pods.append("rdma-greedy")
+    api.create_pod(pod_manifest("rdma-greedy", 1001, "true"))
+
+    status = eventually(
+        lambda: (s := pod_status(api, "rdma-greedy")).get("phase") == "Failed" and s,
+        60,
+        "the kubelet to reject pod rdma-greedy",
+    )
+
+    assert status["reason"] == f"OutOf{RESOURCE}", status
+    assert re.search(r"rdma/hca.*requested: 1001", str(status["message"])), status
+
+
+# 4 -----------------------------------------------------------------------------------------
+def test_kubelet_restart_plugin_registers_again_pod_keeps_its_devices(
+    plugin: Plugin, api: Api, cluster: Cluster, pods: list[str]
+) -> None:
+    run_listing_pod(api, pods, "rdma-before")
+    before = pod_devices(cluster.pod_resources_sock, "rdma-before")
+    container = container_id(api, "rdma-before")
+    plugin_pid = plugin.proc.pid
+
+    cluster.stop_kubelet()
+    cluster.start_kubelet()
+
+    # a restarted kubelet keeps rdma/hca at zero until the plugin registers with it again
+    eventually(lambda: registrations(api) >= 1, 60, "the new kubelet to count a registration")
+    assert plugin.running()
+    assert plugin.proc.pid == plugin_pid  # the same process: it re-registered by itself
+    ids = allocatable_ids(cluster.pod_resources_sock, RESOURCE)
+    assert set(ids) == SHARED_IDS
+    wait_allocatable(api, "1k")
+    assert pod_status(api, "rdma-before")["phase"] == "Running"
+    assert container_id(api, "rdma-before") == container  # the same container, not restarted
+    assert pod_devices(cluster.pod_resources_sock, "rdma-before") == before
+    seen, _ = run_listing_pod(api, pods, "rdma-after")
+    assert "uverbs0" in seen
+
+
+# 5 -----------------------------------------------------------------------------------------
+def test_plugin_restart_registers_again_allocations_stay_consistent(
+    plugin: Plugin, api: Api, cluster: Cluster, pods: list[str]
+) -> None:
+    run_listing_pod(api, pods, "rdma-old")
+    old = pod_devices(cluster.pod_resources_sock, "rdma-old")
+    count = registrations(api)
+
+    assert plugin.stop(signal.SIGTERM) == 0
+    plugin.start()
+
+    eventually(lambda: registrations(api) > count, 60, "the kubelet to count a new registration")
+    wait_allocatable(api, "1k")
+    assert pod_devices(cluster.pod_resources_sock, "rdma-old") == old
+    run_listing_pod(api, pods, "rdma-new")
+    new = pod_devices(cluster.pod_resources_sock, "rdma-new")
+    assert len(new) == 1
+    assert set(new).isdisjoint(old)  # the kubelet still counts the old pod's ID as in use
+    assert set(new) | set(old) <= SHARED_IDS
+
+
+# 6 -----------------------------------------------------------------------------------------
+def test_ports_down_drop_allocatable_and_up_restores_it(plugin: Plugin, api: Api) -> None:
+    # a shared ID stays usable while any of its HCAs is up: take both down
+    plugin.tree.set_port("mlx5_0", 1, "DOWN")
+    time.sleep(3)  # several rescans and node status updates
+    assert node_resource(api) == ("1k", "1k")
+    plugin.tree.set_port("mlx5_1", 1, "DOWN")
+
+    # capacity keeps the unhealthy IDs; allocatable counts only healthy ones
+    assert wait_allocatable(api, "0") == ("1k", "0")
+
+    plugin.tree.set_port("mlx5_0", 1, "ACTIVE")
+    assert wait_allocatable(api, "1k") == ("1k", "1k")
+
+
+def test_exclusive_port_down_drops_allocatable_by_one(plugin: Plugin, api: Api) -> None:
+    plugin.stop()
+    plugin.start(EXCLUSIVE)
+    wait_allocatable(api, "2")
+
+    plugin.tree.set_port("mlx5_1", 1, "DOWN")
+    assert wait_allocatable(api, "1") == ("2", "1")
+
+    plugin.tree.set_port("mlx5_1", 1, "ACTIVE")
+    assert wait_allocatable(api, "2") == ("2", "2")
+
+
+# 7 -----------------------------------------------------------------------------------------
+def test_plugin_killed_resource_goes_unhealthy(plugin: Plugin, api: Api) -> None:
+    plugin.stop(signal.SIGKILL)
+
+    # the kubelet sees ListAndWatch end and marks every rdma/hca device unhealthy at once;
+    # capacity stays for its 5-minute endpoint grace period
+    assert wait_allocatable(api, "0") == ("1k", "0")
+
+
+# 8 -----------------------------------------------------------------------------------------
+def test_exclusive_pool_reports_numa_topology_per_pod(
+    plugin: Plugin, api: Api, cluster: Cluster, pods: list[str]
+) -> None:
+    plugin.stop()
+    plugin.start(EXCLUSIVE)
+    wait_allocatable(api, "2")
+    assert allocatable_ids(cluster.pod_resources_sock, RESOURCE) == {
+        "mlx5_0": [0],
+        "mlx5_1": [1],
+    }
+    own = {"mlx5_0": ["uverbs0", "umad0"], "mlx5_1": ["uverbs1", "umad1"]}
+
+    for name in ("rdma-numa-a", "rdma-numa-b"):
+        seen, hcas = run_listing_pod(api, pods, name)
+        assigned = pod_devices(cluster.pod_resources_sock, name)
+
+        assert list(assigned) == [hcas]  # the kubelet's ID is the HCA the plugin mounted
+        assert assigned[hcas] == [int(hcas[-1])]  # mlx5_0 on NUMA 0, mlx5_1 on NUMA 1
+        assert seen == hex_numbers(plugin, sorted(["rdma_cm", *own[hcas]]))
+    together = set(pod_devices(cluster.pod_resources_sock, "rdma-numa-a")) | set(
+        pod_devices(cluster.pod_resources_sock, "rdma-numa-b")
+    )
+    assert together == {"mlx5_0", "mlx5_1"}
+
+
+# 9 -----------------------------------------------------------------------------------------
+def _render_is_a_stub() -> bool:
+    makefile = (REPO / "Makefile").read_text()
+    return "render: not done yet" in makefile
+
+
+@pytest.mark.xfail(
+    _render_is_a_stub(),
+    reason="issue 5 (make render) is not in this tree yet: the Makefile's render is a stub",
+    strict=True,
+    raises=subprocess.CalledProcessError,
+)
+def test_rendered_local_manifests_pass_server_side_dry_run(api: Api, cluster: Cluster) -> None:
+    subprocess.run(["make", "render", "STACK=local"], cwd=REPO, check=True, timeout=300)
+    out = REPO / "out" / "local"
+    docs = [
+        d
+        for f in sorted(out.rglob("*.yaml"))
+        for d in yaml.safe_load_all(f.read_text())
+        if isinstance(d, dict)
+    ]
+    assert docs, f"make render STACK=local wrote no manifest under {out}"
+    for ns in sorted({d["metadata"]["namespace"] for d in docs if d["metadata"].get("namespace")}):
+        if ns not in {n["metadata"]["name"] for n in api.get("/api/v1/namespaces")["items"]}:
+            api.call("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+
+    done = subprocess.run(
+        [str(cluster.peers.kubectl), f"--kubeconfig={cluster.kubeconfig}", "apply",
+         "--dry-run=server", "--recursive", "-f", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert not re.search(r"(?i)warning|error", done.stderr), done.stderr
