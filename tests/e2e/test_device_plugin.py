@@ -122,8 +122,12 @@ def test_pod_asking_more_than_allocatable_is_rejected_by_the_kubelet(
         "the kubelet to reject pod rdma-greedy",
     )
 
-    assert status["reason"] == f"OutOf{RESOURCE}", status
-    assert re.search(r"rdma/hca.*requested: 1001", str(status["message"])), status
+    # the device manager's admit handler runs before the resource-fit predicate in 1.34
+    assert status["reason"] == "UnexpectedAdmissionError", status
+    assert re.search(
+        r"requested number of devices unavailable for rdma/hca\. Requested: 1001, Available: 1000",
+        str(status["message"]),
+    ), status
 
 
 # 4 -----------------------------------------------------------------------------------------
