@@ -364,13 +364,17 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         """Kill every container the kubelet started, through containerd, while both are up."""
         if not self.procs.get("containerd") or not self.procs["containerd"].running():
             return
-        for line in self.ctr("tasks", "ls").splitlines()[1:]:
-            task = line.split()[0]
+
+        def tasks(status: str | None = None) -> list[str]:
+            rows = [line.split() for line in self.ctr("tasks", "ls").splitlines()[1:]]
+            return [r[0] for r in rows if status is None or r[-1] == status]
+
+        for task in tasks("RUNNING"):
             self.ctr("tasks", "kill", "-s", "SIGKILL", task)
         deadline = time.monotonic() + 20
-        while self.ctr("tasks", "ls").splitlines()[1:] and time.monotonic() < deadline:
+        while tasks("RUNNING") and time.monotonic() < deadline:
             time.sleep(0.2)
-        for task in [line.split()[0] for line in self.ctr("tasks", "ls").splitlines()[1:]]:
+        for task in tasks():
             self.ctr("tasks", "delete", "-f", task)
         ids = self.ctr("containers", "ls", "-q").split()
         if ids:

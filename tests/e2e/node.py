@@ -37,6 +37,7 @@ def make_char_devices(tree: SysfsTree) -> dict[str, tuple[int, int]]:
         major, minor = _numbers(path.name)
         path.unlink()
         os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        os.chmod(path, 0o666)  # as udev makes them; mknod applies the umask
         numbers[path.name] = (major, minor)
     return numbers
 
