@@ -6,7 +6,7 @@ import json
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -92,23 +92,27 @@ def allocatable_ids(socket: Path, resource: str) -> dict[str, list[int]]:
     """Device IDs of `resource` the kubelet can allocate, each with its NUMA nodes."""
     with pod_resources(socket) as stub:
         resp = stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=10)
-    return {
-        i: [n.ID for n in d.topology.nodes]
-        for d in resp.devices
-        if d.resource_name == resource
-        for i in d.device_ids
-    }
+    return _by_id(d for d in resp.devices if d.resource_name == resource)
 
 
 def pod_devices(socket: Path, pod: str, ns: str = "default") -> dict[str, list[int]]:
     """Device IDs the kubelet assigned to `pod` (all containers), each with its NUMA nodes."""
     with pod_resources(socket) as stub:
         resp = stub.List(api_pb2.ListPodResourcesRequest(), timeout=10)
-    return {
-        i: [n.ID for n in d.topology.nodes]
+    return _by_id(
+        d
         for p in resp.pod_resources
         if p.name == pod and p.namespace == ns
         for c in p.containers
         for d in c.devices
-        for i in d.device_ids
-    }
+    )
+
+
+def _by_id(devices: Iterable[api_pb2.ContainerDevices]) -> dict[str, list[int]]:
+    """The kubelet answers one entry per (NUMA node, IDs on it): an ID on two nodes is listed
+    twice. Merge them back: each ID with all of its nodes."""
+    nodes: dict[str, set[int]] = {}
+    for d in devices:
+        for i in d.device_ids:
+            nodes.setdefault(i, set()).update(n.ID for n in d.topology.nodes)
+    return {i: sorted(n) for i, n in nodes.items()}
