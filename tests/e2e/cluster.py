@@ -7,6 +7,7 @@ cgroup and file the run made, and restores the sysctls the kubelet changes.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,10 @@ from tests.e2e.kube import Api
 from tests.e2e.procs import Proc, eventually, run
 
 NODE = "ljr-e2e"
+RUN_PREFIX = "lje"  # /tmp/lje…: one dir per run
+NODE_PREFIX = "ljn"  # /tmp/ljn…: the plugin's fixture node of a run
+MADE_DIRS = "made-dirs"  # host dirs a run created, in its run dir
+RUN_LOCK = Path("/run/lock/lingjun-rdma-e2e.lock")
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 BUSYBOX_IMAGE = "docker.io/library/busybox:e2e"
 # Hard-coded in the kubelet (v1beta1.DevicePluginPath), unlike every other path it uses: a
@@ -81,7 +87,7 @@ class Cluster:
     def __init__(self, peers: Peers, logs: Path) -> None:
         self.peers = peers
         # short: unix socket paths under it must stay within 107 bytes
-        self.root = Path(tempfile.mkdtemp(prefix="lje", dir="/tmp"))
+        self.root = Path(tempfile.mkdtemp(prefix=RUN_PREFIX, dir="/tmp"))
         self.logs = logs
         self.token = secrets.token_hex(16)
         self.api_port = free_port()
@@ -261,6 +267,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         missing = [p for p in (DEVICE_PLUGIN_DIR, *DEVICE_PLUGIN_DIR.parents) if not p.exists()]
         DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
         self.made_dirs = missing  # deepest first: the order to remove them in
+        # a run killed outright cannot remove them: the next run reads this (reap_stale_runs)
+        (self.root / MADE_DIRS).write_text("\n".join(map(str, missing)))
         run(["mount", "--bind", str(here), str(DEVICE_PLUGIN_DIR)])
         self.mounted.append(DEVICE_PLUGIN_DIR)
 
@@ -381,40 +389,100 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             self.ctr("containers", "delete", *ids)
 
     def _kill_strays(self) -> None:
-        """Shims outlive containerd by design: find ours by our socket path, kill them by pid."""
-        marker = str(self.root).encode()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker in cmdline and int(entry.name) != os.getpid():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(entry.name), signal.SIGKILL)
+        kill_processes_of(self.root)
+        kill_kubepods()
 
     def _unmount(self) -> None:
-        prefix = str(self.root) + "/"
-        points = [
-            Path(line.split()[4])
-            for line in Path("/proc/self/mountinfo").read_text().splitlines()
-            if line.split()[4].startswith(prefix)
-        ]
-        for point in sorted(set(points) | set(self.mounted), key=lambda p: -len(p.parts)):
-            subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
+        unmount_under(self.root, self.mounted)
 
     def _remove_cgroups(self) -> None:
-        """The kubelet leaves its kubepods hierarchy behind; remove it, deepest first."""
-        for hierarchy in Path("/sys/fs/cgroup").iterdir():
-            top = hierarchy / "kubepods"
-            if not top.is_dir():
-                continue
-            dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-            for d in [*dirs, top]:
-                with contextlib.suppress(OSError):
-                    d.rmdir()
+        remove_kubepods_cgroups()
 
     def _restore_tunables(self) -> None:
         for name, value in self.tunables.items():
             (Path("/proc/sys") / name).write_text(value + "\n")
+
+
+# -- helpers shared by teardown and the recovery of a run killed outright ----------------------
+def kill_processes_of(root: Path) -> None:
+    """Shims outlive containerd by design: find ours by `root` in their command line (our
+    containerd socket path), kill them by pid."""
+    marker = str(root).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker in cmdline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
+def kill_kubepods() -> None:
+    """Container processes whose shim died with them: they are in the kubelet's cgroups, and
+    only the e2e kubelet runs on this machine (the run lock guarantees one at a time)."""
+    for procs in Path("/sys/fs/cgroup/pids/kubepods").rglob("cgroup.procs"):
+        with contextlib.suppress(OSError):
+            for pid in procs.read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+
+def mount_points() -> list[str]:
+    """Every mount point, stacked ones repeated (os.path.ismount misses same-fs bind mounts)."""
+    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+
+
+def unmount_under(root: Path, extra: list[Path]) -> None:
+    """Unmount everything under `root`, and `extra` as many times as it is stacked."""
+    prefix = str(root) + "/"
+    points = [p for p in mount_points() if p.startswith(prefix) or Path(p) in extra]
+    for point in sorted(points, key=lambda p: -len(Path(p).parts)):
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+def remove_kubepods_cgroups() -> None:
+    """The kubelet leaves its kubepods hierarchy behind; remove it, deepest first."""
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        top = hierarchy / "kubepods"
+        if not top.is_dir():
+            continue
+        dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+        for d in [*dirs, top]:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
+@contextlib.contextmanager
+def run_lock() -> Iterator[None]:
+    """One e2e run per machine at a time: runs would share the kubelet's fixed device-plugins
+    dir and its cgroups."""
+    RUN_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with RUN_LOCK.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def reap_stale_runs() -> list[Path]:
+    """A run killed outright (SIGKILL, a lost machine) leaves its dir, processes and mounts.
+    Called with the run lock held, so every `/tmp/lje*` dir left is such a run's."""
+    stale = sorted(
+        p for prefix in (RUN_PREFIX, NODE_PREFIX) for p in Path("/tmp").glob(prefix + "*")
+    )
+    for root in stale:
+        kill_processes_of(root)
+    if stale:
+        kill_kubepods()
+        for root in stale:
+            unmount_under(root, [])
+        unmount_under(Path("/nonexistent"), [DEVICE_PLUGIN_DIR])
+        remove_kubepods_cgroups()
+        for root in stale:
+            made = root / MADE_DIRS
+            for d in made.read_text().split("\n") if made.exists() else []:
+                with contextlib.suppress(OSError):
+                    Path(d).rmdir()
+            shutil.rmtree(root, ignore_errors=True)
+    return stale

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,15 @@ from typing import Any
 import pytest
 
 from tests.conftest import PEER_SKIP_PREFIX
-from tests.e2e.cluster import BUSYBOX_IMAGE, NODE, Cluster, Peers
+from tests.e2e.cluster import (
+    BUSYBOX_IMAGE,
+    NODE,
+    NODE_PREFIX,
+    Cluster,
+    Peers,
+    reap_stale_runs,
+    run_lock,
+)
 from tests.e2e.kube import Api, ApiError
 from tests.e2e.node import REPO, Plugin
 from tests.e2e.procs import eventually
@@ -36,12 +45,22 @@ def cluster(logs: Path) -> Iterator[Cluster]:
         pytest.skip(f"{PEER_SKIP_PREFIX} {peers}")
     if os.geteuid() != 0:
         pytest.skip(f"{PEER_SKIP_PREFIX} root (the kubelet and containerd need it)")
-    c = Cluster(peers, logs)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
+    # a SIGTERM (a CI timeout) must tear down too: make it unwind like Ctrl-C
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    with run_lock():
+        for root in reap_stale_runs():
+            print(f"e2e: cleaned up after a run killed outright: {root}")
+        c = Cluster(peers, logs)
+        try:
+            c.start()
+            yield c
+        finally:
+            c.stop()
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 @pytest.fixture(scope="session")
@@ -50,8 +69,8 @@ def api(cluster: Cluster) -> Api:
 
 
 @pytest.fixture(scope="session")
-def node_root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ljn", dir="/tmp"))
+def node_root(cluster: Cluster) -> Iterator[Path]:  # after the cluster reaped stale runs
+    path = Path(tempfile.mkdtemp(prefix=NODE_PREFIX, dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
