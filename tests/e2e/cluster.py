@@ -246,9 +246,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
         eventually(up, 30, "containerd")
 
-    def ctr(self, *args: str, timeout: float = 60) -> str:
+    def ctr(self, *args: str, timeout: float = 60, check: bool = True) -> str:
         sock = str(self.containerd_sock)
-        return run([str(self.peers.ctr), "-a", sock, "-n", "k8s.io", *args], timeout=timeout)
+        argv = [str(self.peers.ctr), "-a", sock, "-n", "k8s.io", *args]
+        return run(argv, timeout=timeout, check=check)
 
     def _images(self) -> None:
         applets = run([str(self.peers.busybox), "--list"]).split()
@@ -377,16 +378,19 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             rows = [line.split() for line in self.ctr("tasks", "ls").splitlines()[1:]]
             return [r[0] for r in rows if status is None or r[-1] == status]
 
+        # containerd's CRI reaps exited tasks itself: one may be gone by the time we name it
         for task in tasks("RUNNING"):
-            self.ctr("tasks", "kill", "-s", "SIGKILL", task)
+            self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)
         deadline = time.monotonic() + 20
         while tasks("RUNNING") and time.monotonic() < deadline:
             time.sleep(0.2)
         for task in tasks():
-            self.ctr("tasks", "delete", "-f", task)
-        ids = self.ctr("containers", "ls", "-q").split()
-        if ids:
-            self.ctr("containers", "delete", *ids)
+            self.ctr("tasks", "delete", "-f", task, check=False)
+        for container in self.ctr("containers", "ls", "-q").split():
+            self.ctr("containers", "delete", container, check=False)
+        left = self.ctr("containers", "ls", "-q").split()
+        if left:
+            raise RuntimeError(f"containerd still has containers {left}")
 
     def _kill_strays(self) -> None:
         kill_processes_of(self.root)
