@@ -22,7 +22,7 @@ from tests.e2e.cluster import (
     reap_stale_runs,
     run_lock,
 )
-from tests.e2e.kube import Api, ApiError
+from tests.e2e.kube import Api, ApiError, pod_names
 from tests.e2e.node import REPO, Plugin
 from tests.e2e.procs import eventually
 
@@ -96,14 +96,20 @@ def plugin(session_plugin: Plugin, api: Api) -> Plugin:
 
 
 @pytest.fixture
-def pods(api: Api) -> Iterator[list[str]]:
-    """Names of pods a test creates: deleted, and waited gone, after it."""
+def pods(api: Api, cluster: Cluster) -> Iterator[list[str]]:
+    """Names of pods a test creates: deleted after it, and waited gone from the API server and
+    from the kubelet's pod-resources (so the next test starts with every device free)."""
     names: list[str] = []
     yield names
     for name in names:
         api.delete_pod(name)
     for name in names:
         eventually(lambda name=name: _gone(api, name), 60, f"pod {name} deleted")
+        eventually(
+            lambda name=name: name not in pod_names(cluster.pod_resources_sock),
+            60,
+            f"the kubelet to forget pod {name}",
+        )
 
 
 def _gone(api: Api, name: str) -> bool:

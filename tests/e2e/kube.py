@@ -95,6 +95,13 @@ def allocatable_ids(socket: Path, resource: str) -> dict[str, list[int]]:
     return _by_id(d for d in resp.devices if d.resource_name == resource)
 
 
+def pod_names(socket: Path, ns: str = "default") -> set[str]:
+    """Pods the kubelet reports in pod-resources."""
+    with pod_resources(socket) as stub:
+        resp = stub.List(api_pb2.ListPodResourcesRequest(), timeout=10)
+    return {p.name for p in resp.pod_resources if p.namespace == ns}
+
+
 def pod_devices(socket: Path, pod: str, ns: str = "default") -> dict[str, list[int]]:
     """Device IDs the kubelet assigned to `pod` (all containers), each with its NUMA nodes."""
     with pod_resources(socket) as stub:
