@@ -8,14 +8,11 @@ import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import PEER_SKIP_PREFIX
 from tests.e2e.cluster import (
-    BUSYBOX_IMAGE,
-    NODE,
     NODE_PREFIX,
     Cluster,
     Peers,
@@ -25,8 +22,7 @@ from tests.e2e.cluster import (
 from tests.e2e.kube import Api, ApiError, pod_names
 from tests.e2e.node import REPO, Plugin
 from tests.e2e.procs import eventually
-
-RESOURCE = "rdma/hca"
+from tests.e2e.scenario import wait_allocatable
 
 
 @pytest.fixture(scope="session")
@@ -118,41 +114,3 @@ def _gone(api: Api, name: str) -> bool:
     except ApiError as exc:
         return exc.status == 404
     return False
-
-
-def node_resource(api: Api) -> tuple[str | None, str | None]:
-    status = api.node(NODE)["status"]
-    return status["capacity"].get(RESOURCE), status["allocatable"].get(RESOURCE)
-
-
-def wait_allocatable(api: Api, quantity: str, timeout: float = 60) -> tuple[str | None, ...]:
-    return eventually(
-        lambda: (r := node_resource(api))[1] == quantity and r,
-        timeout,
-        f"Node {NODE} allocatable {RESOURCE} == {quantity!r} (capacity, allocatable)",
-    )
-
-
-def pod_manifest(name: str, count: int | str, command: str) -> dict[str, Any]:
-    """A hostNetwork busybox pod bound to the node (no scheduler runs) asking `count` HCAs."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeName": NODE,
-            "hostNetwork": True,
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {
-                    "name": "c",
-                    "image": BUSYBOX_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", command],
-                    "resources": {"limits": {RESOURCE: str(count)}},
-                }
-            ],
-        },
-    }

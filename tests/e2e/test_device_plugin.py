@@ -11,20 +11,24 @@ import time
 import pytest
 import yaml
 
-from tests.e2e.cluster import NODE, Cluster
-from tests.e2e.conftest import RESOURCE, node_resource, pod_manifest, wait_allocatable
+from tests.e2e.cluster import Cluster
 from tests.e2e.kube import Api, allocatable_ids, pod_devices
 from tests.e2e.node import REPO, Plugin
 from tests.e2e.procs import eventually
+from tests.e2e.scenario import (
+    RESOURCE,
+    container_id,
+    hex_numbers,
+    node_resource,
+    pod_manifest,
+    pod_status,
+    registrations,
+    run_listing_pod,
+    wait_allocatable,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
-# What the container reports: each device node it sees with its major:minor (hex, as stat
-# prints them), the HCAs the plugin named in the env, then a marker that the listing is complete.
-LISTING = (
-    'for f in /dev/infiniband/*; do stat -c "%n %t:%T" "$f"; done; '
-    'echo "hcas=$LINGJUN_RDMA_HCAS"; echo listed; exec sleep 3600'
-)
 SHARED_IDS = {f"hca-{i}" for i in range(1000)}
 EXCLUSIVE = """
 version: v1
@@ -32,56 +36,6 @@ pools:
   - name: hca
     mode: exclusive
 """
-
-
-def registrations(api: Api) -> int:
-    """The kubelet's own count of rdma/hca Register calls since it started (its /metrics);
-    it counts a call before checking it, so this proves an attempt, not a success."""
-    text = str(api.get(f"/api/v1/nodes/{NODE}/proxy/metrics"))
-    m = re.search(
-        r'^kubelet_device_plugin_registration_total\{resource_name="rdma/hca"\} (\d+)',
-        text,
-        re.M,
-    )
-    return int(m.group(1)) if m else 0
-
-
-def pod_status(api: Api, name: str) -> dict[str, object]:
-    return api.pod(name)["status"]
-
-
-def run_listing_pod(api: Api, pods: list[str], name: str) -> tuple[dict[str, str], str]:
-    """Start a pod asking one HCA; return the device nodes its container sees and its env."""
-    pods.append(name)
-    api.create_pod(pod_manifest(name, 1, LISTING))
-
-    def listed() -> str | None:
-        status = api.pod(name)["status"]
-        if status.get("phase") == "Failed":
-            raise AssertionError(f"pod {name} failed: {status}")
-        if status.get("phase") != "Running":
-            return None
-        log = api.pod_log(name)
-        return log if "listed" in log.splitlines() else None
-
-    log = eventually(listed, 90, f"pod {name} running and listing /dev/infiniband")
-    seen: dict[str, str] = {}
-    hcas = ""
-    for line in log.splitlines():
-        if line.startswith("/dev/infiniband/"):
-            path, numbers = line.split()
-            seen[path.removeprefix("/dev/infiniband/")] = numbers
-        elif line.startswith("hcas="):
-            hcas = line.removeprefix("hcas=")
-    return seen, hcas
-
-
-def hex_numbers(plugin: Plugin, names: list[str]) -> dict[str, str]:
-    return {n: "{:x}:{:x}".format(*plugin.dev_numbers[n]) for n in names}
-
-
-def container_id(api: Api, name: str) -> str:
-    return str(api.pod(name)["status"]["containerStatuses"][0]["containerID"])
 
 
 # 1 -----------------------------------------------------------------------------------------
