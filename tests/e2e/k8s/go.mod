@@ -1,5 +1,6 @@
-// Wrapper module: builds the real kubelet and kube-apiserver v1.34.4 from the Go module proxy.
-// k8s.io/kubernetes pins its staging modules at v0.0.0, so each one is replaced by its release.
+// Wrapper module: builds the real kubelet, kube-apiserver and kubectl v1.34.4 from the Go module
+// proxy (and the static pause). k8s.io/kubernetes pins its staging modules at v0.0.0, so each
+// one is replaced by its v0.34.4 release.
 module lingjun-rdma/e2e/k8s
 
 go 1.24.0
