@@ -50,8 +50,8 @@ bench: setup ## Benchmarks: print figures (never asserted)
 test-rdma: setup ## Real verbs in a Soft-RoCE qemu VM
 	@echo "test-rdma: not done yet (issue 6: Soft-RoCE VM)"; exit 1
 
-e2e: setup ## The plugin against a real kubelet v1.34 + containerd
-	@echo "e2e: not done yet (issue 7: real kubelet)"; exit 1
+e2e: setup ## The plugin against a real kubelet v1.34 + containerd (builds and caches it)
+	@tests/e2e/run.sh $(PYTEST_ARGS)
 
 IMAGE ?= lingjun-rdma-plugin:dev
 image: ## Build plugin/Dockerfile as $(IMAGE) (needs a running Docker or Podman engine)

@@ -1,0 +1,492 @@
+"""A one-node cluster on loopback: etcd, kube-apiserver, containerd, kubelet, all owned by pid.
+
+Everything lives in one short temp dir; teardown removes every container, process, mount,
+cgroup and file the run made, and restores the sysctls the kubelet changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.e2e import oci
+from tests.e2e.kube import Api
+from tests.e2e.procs import Proc, eventually, run
+
+NODE = "ljr-e2e"
+RUN_PREFIX = "lje"  # /tmp/lje…: one dir per run
+NODE_PREFIX = "ljn"  # /tmp/ljn…: the plugin's fixture node of a run
+MADE_DIRS = "made-dirs"  # host dirs a run created, in its run dir
+RUN_LOCK = Path("/run/lock/lingjun-rdma-e2e.lock")
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+BUSYBOX_IMAGE = "docker.io/library/busybox:e2e"
+# Hard-coded in the kubelet (v1beta1.DevicePluginPath), unlike every other path it uses: a
+# per-run dir is bind-mounted here so the host's dir is neither read nor left dirty.
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+# Host sysctls the kubelet sets at start (protectKernelDefaults: false); restored at teardown.
+KERNEL_TUNABLES = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Peers:
+    """The programs the run needs: built ones from the cache, the rest from Debian."""
+
+    kubelet: Path
+    apiserver: Path
+    kubectl: Path
+    pause: Path
+    etcd: Path
+    containerd: Path
+    ctr: Path
+    busybox: Path
+
+    @staticmethod
+    def find() -> Peers | str:
+        """The peers, or a sentence naming the missing one."""
+        bin_dir = os.environ.get("LINGJUN_E2E_BIN")
+        if not bin_dir:
+            return "LINGJUN_E2E_BIN (kubelet, kube-apiserver, kubectl, pause: run `make e2e`)"
+        built = Path(bin_dir)
+        paths = {
+            "kubelet": built / "kubelet",
+            "apiserver": built / "kube-apiserver",
+            "kubectl": built / "kubectl",
+            "pause": built / "pause",
+        }
+        for name in ("etcd", "containerd", "ctr", "busybox", "runc"):
+            found = shutil.which(name)
+            paths[name] = Path(found) if found else Path("/nonexistent") / name
+        for name, path in paths.items():
+            if not os.access(path, os.X_OK):
+                return (
+                    f"{name} ({path}: apt-get install containerd runc etcd-server busybox-static)"
+                )
+        paths.pop("runc")  # containerd finds it on PATH itself
+        return Peers(**paths)
+
+
+class Cluster:
+    def __init__(self, peers: Peers, logs: Path) -> None:
+        self.peers = peers
+        # short: unix socket paths under it must stay within 107 bytes
+        self.root = Path(tempfile.mkdtemp(prefix=RUN_PREFIX, dir="/tmp"))
+        self.logs = logs
+        self.token = secrets.token_hex(16)
+        self.api_port = free_port()
+        self.kubelet_port = free_port()
+        self.api = Api(f"https://127.0.0.1:{self.api_port}", self.token)
+        self.procs: dict[str, Proc] = {}
+        self.mounted: list[Path] = []
+        self.made_dirs: list[Path] = []
+        self.tunables: dict[str, str] = {}
+
+    # -- paths ----------------------------------------------------------------------------
+    @property
+    def containerd_sock(self) -> Path:
+        return self.root / "ctd.sock"
+
+    @property
+    def pod_resources_sock(self) -> Path:
+        return self.root / "kubelet" / "pod-resources" / "kubelet.sock"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    # -- start ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._pki()
+        self._etcd()
+        self._apiserver()
+        self._containerd()
+        self._images()
+        self._device_plugin_dir()
+        self._kubelet_config()
+        self.start_kubelet()
+
+    def _proc(self, name: str, argv: list[str]) -> Proc:
+        proc = Proc(name, argv, self.logs / f"{name}.log").start()
+        self.procs[name] = proc
+        return proc
+
+    def _pki(self) -> None:
+        pki = self.root / "pki"
+        pki.mkdir()
+        run(["openssl", "genrsa", "-out", str(pki / "sa.key"), "2048"])
+        run(["openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub")])
+        (pki / "tokens.csv").write_text(f'{self.token},e2e-admin,e2e-admin,"system:masters"\n')
+        self.kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "e2e",
+                            "cluster": {
+                                "server": self.api.base,
+                                "insecure-skip-tls-verify": True,
+                            },
+                        }
+                    ],
+                    "users": [{"name": "e2e", "user": {"token": self.token}}],
+                    "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "e2e"}}],
+                    "current-context": "e2e",
+                }
+            )
+        )
+
+    def _etcd(self) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        peer_url = f"http://127.0.0.1:{peer}"
+        self._proc(
+            "etcd",
+            [
+                str(self.peers.etcd),
+                "--name=e2e",
+                f"--data-dir={self.root / 'etcd'}",
+                f"--listen-client-urls={self.etcd_url}",
+                f"--advertise-client-urls={self.etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=e2e={peer_url}",
+            ],
+        )
+
+    def _apiserver(self) -> None:
+        pki = self.root / "pki"
+        proc = self._proc(
+            "kube-apiserver",
+            [
+                str(self.peers.apiserver),
+                f"--etcd-servers={self.etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.api_port}",
+                f"--cert-dir={pki}",  # self-signed serving certificate, made on first start
+                f"--token-auth-file={pki / 'tokens.csv'}",
+                "--authorization-mode=AlwaysAllow",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                # no controller-manager runs to create the default ServiceAccount
+                "--disable-admission-plugins=ServiceAccount",
+                # the Service endpoint of a loopback-only API server is of no use here
+                "--endpoint-reconciler-type=none",
+                "--kubelet-preferred-address-types=InternalIP",  # the node name does not resolve
+                "--allow-privileged=true",
+                "--profiling=false",
+            ],
+        )
+
+        def ready() -> bool:
+            proc.check_alive()
+            return self.api.get("/readyz") == "ok"
+
+        eventually(ready, 90, "kube-apiserver /readyz")
+
+    def _containerd(self) -> None:
+        ctd = self.root / "ctd"
+        cni = self.root / "cni"
+        (cni / "bin").mkdir(parents=True)
+        (cni / "conf").mkdir()
+        config = ctd / "config.toml"
+        config.parent.mkdir()
+        config.write_text(
+            f"""version = 2
+root = "{ctd / "root"}"
+state = "{ctd / "state"}"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "{self.containerd_sock}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{ctd / "opt"}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    # hostNetwork pods only: no CNI plugin is installed, these dirs stay empty
+    bin_dir = "{cni / "bin"}"
+    conf_dir = "{cni / "conf"}"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+"""
+        )
+        proc = self._proc("containerd", [str(self.peers.containerd), "--config", str(config)])
+
+        def up() -> bool:
+            proc.check_alive()
+            return bool(self.ctr("version"))
+
+        eventually(up, 30, "containerd")
+
+    def ctr(self, *args: str, timeout: float = 60, check: bool = True) -> str:
+        sock = str(self.containerd_sock)
+        argv = [str(self.peers.ctr), "-a", sock, "-n", "k8s.io", *args]
+        return run(argv, timeout=timeout, check=check)
+
+    def _images(self) -> None:
+        applets = run([str(self.peers.busybox), "--list"]).split()
+        images = [
+            oci.pause(PAUSE_IMAGE, self.peers.pause),
+            oci.busybox(BUSYBOX_IMAGE, self.peers.busybox, applets),
+        ]
+        for i, image in enumerate(images):
+            tar = oci.write_oci_archive(image, self.root / f"image{i}.tar")
+            self.ctr("images", "import", str(tar))
+            tar.unlink()
+
+    def _device_plugin_dir(self) -> None:
+        here = self.root / "device-plugins"
+        here.mkdir()
+        missing = [p for p in (DEVICE_PLUGIN_DIR, *DEVICE_PLUGIN_DIR.parents) if not p.exists()]
+        DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
+        self.made_dirs = missing  # deepest first: the order to remove them in
+        # a run killed outright cannot remove them: the next run reads this (reap_stale_runs)
+        (self.root / MADE_DIRS).write_text("\n".join(map(str, missing)))
+        run(["mount", "--bind", str(here), str(DEVICE_PLUGIN_DIR)])
+        self.mounted.append(DEVICE_PLUGIN_DIR)
+
+    def _kubelet_config(self) -> None:
+        (self.root / "manifests").mkdir()
+        config = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "cgroupDriver": "cgroupfs",
+            "containerRuntimeEndpoint": f"unix://{self.containerd_sock}",
+            "failSwapOn": False,
+            "oomScoreAdj": 0,
+            "port": self.kubelet_port,
+            "readOnlyPort": 0,
+            "healthzPort": 0,
+            "staticPodPath": str(self.root / "manifests"),
+            "podLogsDir": str(self.root / "pod-logs"),
+            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
+            # report allocatable changes to the API server within a second or two
+            "nodeStatusUpdateFrequency": "1s",
+            "nodeStatusReportFrequency": "5s",
+            "syncFrequency": "5s",
+            "fileCheckFrequency": "5s",
+            # a shared CI disk must not make the kubelet evict or refuse pods
+            "evictionHard": {
+                "memory.available": "10Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "resolvConf": "",
+        }
+        (self.root / "kubelet.json").write_text(json.dumps(config))
+
+    def start_kubelet(self) -> None:
+        self._save_tunables()
+        proc = self._proc(
+            "kubelet",
+            [
+                str(self.peers.kubelet),
+                f"--config={self.root / 'kubelet.json'}",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--root-dir={self.root / 'kubelet'}",
+                f"--cert-dir={self.root / 'kubelet-pki'}",
+                f"--hostname-override={NODE}",
+                "--v=2",
+            ],
+        )
+
+        def registered() -> bool:
+            proc.check_alive()
+            node = self.api.node(NODE)
+            ready = {c["type"]: c["status"] for c in node["status"].get("conditions", [])}
+            return bool(ready) and self.pod_resources_sock.exists()
+
+        eventually(registered, 90, f"kubelet to register Node {NODE}")
+
+    def stop_kubelet(self) -> None:
+        self.procs["kubelet"].stop()
+
+    def _save_tunables(self) -> None:
+        for name in KERNEL_TUNABLES:
+            path = Path("/proc/sys") / name
+            if name not in self.tunables and path.exists():
+                self.tunables[name] = path.read_text().strip()
+
+    # -- teardown -------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Undo everything `start` did, whatever state a failure left it in."""
+        # kubelet first (or it restarts the containers), containerd after its containers
+        order = ["kubelet", "remove containers", "containerd", "kube-apiserver", "etcd"]
+        steps = [
+            self._remove_containers
+            if name == "remove containers"
+            else (lambda name=name: self.procs[name].stop() if name in self.procs else None)
+            for name in order
+        ]
+        steps += [
+            self._kill_strays,
+            self._unmount,
+            self._remove_cgroups,
+            self._restore_tunables,
+        ]
+        errors: list[str] = []
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:  # keep tearing down: one failure must not leak the rest
+                errors.append(repr(exc))
+        for d in self.made_dirs:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        shutil.rmtree(self.root, ignore_errors=True)
+        if errors:
+            raise RuntimeError("teardown: " + "; ".join(errors))
+
+    def _remove_containers(self) -> None:
+        """Kill every container the kubelet started, through containerd, while both are up."""
+        if not self.procs.get("containerd") or not self.procs["containerd"].running():
+            return
+
+        def tasks(status: str | None = None) -> list[str]:
+            rows = [line.split() for line in self.ctr("tasks", "ls").splitlines()[1:]]
+            return [r[0] for r in rows if status is None or r[-1] == status]
+
+        # containerd's CRI reaps exited tasks itself: one may be gone by the time we name it
+        for task in tasks("RUNNING"):
+            self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)
+        deadline = time.monotonic() + 20
+        while tasks("RUNNING") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for task in tasks():
+            self.ctr("tasks", "delete", "-f", task, check=False)
+        for container in self.ctr("containers", "ls", "-q").split():
+            self.ctr("containers", "delete", container, check=False)
+        left = self.ctr("containers", "ls", "-q").split()
+        if left:
+            raise RuntimeError(f"containerd still has containers {left}")
+
+    def _kill_strays(self) -> None:
+        kill_processes_of(self.root)
+        kill_kubepods()
+
+    def _unmount(self) -> None:
+        unmount_under(self.root, self.mounted)
+
+    def _remove_cgroups(self) -> None:
+        remove_kubepods_cgroups()
+
+    def _restore_tunables(self) -> None:
+        for name, value in self.tunables.items():
+            (Path("/proc/sys") / name).write_text(value + "\n")
+
+
+# -- helpers shared by teardown and the recovery of a run killed outright ----------------------
+def kill_processes_of(root: Path) -> None:
+    """Shims outlive containerd by design: find ours by `root` in their command line (our
+    containerd socket path), kill them by pid."""
+    marker = str(root).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker in cmdline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
+def kill_kubepods() -> None:
+    """Container processes whose shim died with them: they are in the kubelet's cgroups, and
+    only the e2e kubelet runs on this machine (the run lock guarantees one at a time)."""
+    for procs in Path("/sys/fs/cgroup/pids/kubepods").rglob("cgroup.procs"):
+        with contextlib.suppress(OSError):
+            for pid in procs.read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+
+def mount_points() -> list[str]:
+    """Every mount point, stacked ones repeated (os.path.ismount misses same-fs bind mounts)."""
+    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+
+
+def unmount_under(root: Path, extra: list[Path]) -> None:
+    """Unmount everything under `root`, and `extra` as many times as it is stacked."""
+    prefix = str(root) + "/"
+    points = [p for p in mount_points() if p.startswith(prefix) or Path(p) in extra]
+    for point in sorted(points, key=lambda p: -len(Path(p).parts)):
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+def remove_kubepods_cgroups() -> None:
+    """The kubelet leaves its kubepods hierarchy behind; remove it, deepest first."""
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        top = hierarchy / "kubepods"
+        if not top.is_dir():
+            continue
+        dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+        for d in [*dirs, top]:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
+@contextlib.contextmanager
+def run_lock() -> Iterator[None]:
+    """One e2e run per machine at a time: runs would share the kubelet's fixed device-plugins
+    dir and its cgroups."""
+    RUN_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with RUN_LOCK.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def reap_stale_runs() -> list[Path]:
+    """A run killed outright (SIGKILL, a lost machine) leaves its dir, processes and mounts.
+    Called with the run lock held, so every `/tmp/lje*` dir left is such a run's."""
+    stale = sorted(
+        p for prefix in (RUN_PREFIX, NODE_PREFIX) for p in Path("/tmp").glob(prefix + "*")
+    )
+    for root in stale:
+        kill_processes_of(root)
+    if stale:
+        kill_kubepods()
+        for root in stale:
+            unmount_under(root, [])
+        unmount_under(Path("/nonexistent"), [DEVICE_PLUGIN_DIR])
+        remove_kubepods_cgroups()
+        for root in stale:
+            made = root / MADE_DIRS
+            for d in made.read_text().split("\n") if made.exists() else []:
+                with contextlib.suppress(OSError):
+                    Path(d).rmdir()
+            shutil.rmtree(root, ignore_errors=True)
+    return stale

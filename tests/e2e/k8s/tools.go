@@ -1,0 +1,10 @@
+//go:build tools
+
+// Package tools pins the programs this module exists to build; it is never compiled.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)

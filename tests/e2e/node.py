@@ -1,0 +1,97 @@
+"""The plugin as a host process on a fixture sysfs tree whose /dev nodes are real char devices."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import sys
+import urllib.request
+from pathlib import Path
+
+from tests.e2e.cluster import DEVICE_PLUGIN_DIR, free_port
+from tests.e2e.procs import Proc, eventually
+from tests.plugin.sysfs_tree import SysfsTree, two_mlx5
+
+REPO = Path(__file__).resolve().parents[2]
+SOCKET = DEVICE_PLUGIN_DIR / "lingjun-rdma-rdma_hca.sock"
+
+# The kernel's numbers for these nodes (infiniband class major 231; rdma_cm is a misc device):
+# containerd stats the host path of each DeviceSpec and creates the same node in the container.
+_IB_MAJOR = 231
+
+
+def _numbers(name: str) -> tuple[int, int]:
+    for prefix, base in (("umad", 0), ("issm", 64), ("uverbs", 192)):
+        if name.startswith(prefix):
+            return _IB_MAJOR, base + int(name.removeprefix(prefix))
+    if name == "rdma_cm":
+        return 10, 58
+    raise ValueError(f"no device numbers for {name}")
+
+
+def make_char_devices(tree: SysfsTree) -> dict[str, tuple[int, int]]:
+    """Replace the fixture's placeholder files in dev/infiniband with char device nodes."""
+    numbers: dict[str, tuple[int, int]] = {}
+    for path in sorted((tree.dev / "infiniband").iterdir()):
+        major, minor = _numbers(path.name)
+        path.unlink()
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        os.chmod(path, 0o666)  # as udev makes them; mknod applies the umask
+        numbers[path.name] = (major, minor)
+    return numbers
+
+
+class Plugin:
+    """`python -m plugin` as the DaemonSet would run it, on a two-HCA fixture node."""
+
+    def __init__(self, root: Path, logs: Path) -> None:
+        self.root = root
+        self.tree = two_mlx5(root / "node")
+        self.dev_numbers = make_char_devices(self.tree)
+        self.metrics_port = free_port()
+        self.config: Path | None = None
+        self.proc = Proc(
+            "plugin",
+            [],  # set per start: the config may change between scenarios
+            logs / "plugin.log",
+            cwd=REPO,
+        )
+
+    def argv(self) -> list[str]:
+        args = [
+            sys.executable,
+            "-m",
+            "plugin",
+            f"--sysfs-root={self.tree.sys}",
+            f"--dev-root={self.tree.dev}",
+            f"--device-plugin-dir={DEVICE_PLUGIN_DIR}",
+            "--discovery=sysfs",
+            "--rescan-interval=0.5",
+            f"--metrics-address=127.0.0.1:{self.metrics_port}",
+            "--log-level=debug",
+        ]
+        return args + ([f"--config={self.config}"] if self.config else [])
+
+    def start(self, config_yaml: str | None = None) -> None:
+        if config_yaml is None:
+            self.config = None
+        else:
+            self.config = self.root / "plugin.yaml"
+            self.config.write_text(config_yaml)
+        self.proc.argv = self.argv()
+        self.proc.start()
+
+        def healthy() -> bool:
+            self.proc.check_alive()
+            url = f"http://127.0.0.1:{self.metrics_port}/healthz"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.status == 200
+
+        eventually(healthy, 30, "the plugin's /healthz")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int | None:
+        return self.proc.stop(sig)
+
+    def running(self) -> bool:
+        return self.proc.running()

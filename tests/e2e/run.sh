@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# `make e2e`: install the Debian peers, build (or reuse) kubelet + kube-apiserver, run the e2e
+# scenarios. The pytest session owns every process it starts and tears all of it down.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+t0=$(date +%s)
+packages=(containerd runc etcd-server busybox-static)
+missing=$(for p in "${packages[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null \
+  | grep -q 'ok installed' || echo "$p"; done)
+if [ -n "$missing" ]; then
+  echo "e2e: apt: installing" $missing
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+LINGJUN_E2E_BIN=$(tests/e2e/build_k8s.sh | tail -n1)
+export LINGJUN_E2E_BIN
+t1=$(date +%s)
+echo "e2e: peers ready in $(( t1 - t0 )) s; binaries from $LINGJUN_E2E_BIN"
+rc=0
+.venv/bin/python -m pytest -m e2e tests/e2e "$@" || rc=$?
+[ "$rc" -ne 5 ] || echo "e2e: pytest ran no test: that is a failure here" >&2
+echo "e2e: scenarios ran in $(( $(date +%s) - t1 )) s (total $(( $(date +%s) - t0 )) s); logs in out/e2e-logs"
+exit "$rc"
