@@ -40,7 +40,9 @@ class SysfsDiscovery:
         return Inventory(
             hcas=tuple(h for h in hcas if h is not None),
             rdma_cm=(self.dev_ib / "rdma_cm").exists(),
-            netns_mode=read(self.sysfs / "module" / "ib_core" / "parameters" / "netns_mode"),
+            netns_mode=_netns_mode(
+                read(self.sysfs / "module" / "ib_core" / "parameters" / "netns_mode")
+            ),
         )
 
     def read_hca(
@@ -185,6 +187,11 @@ def _numa(text: str | None) -> int | None:
     except ValueError:
         return None
     return node if node >= 0 else None
+
+
+def _netns_mode(text: str | None) -> str | None:
+    """ib_core's netns_mode is a bool module parameter: the kernel writes Y (shared) or N."""
+    return {"Y": "shared", "N": "exclusive"}.get(text or "", text)
 
 
 def _natural(name: str) -> tuple[str, int]:

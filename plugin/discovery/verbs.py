@@ -28,7 +28,10 @@ _GID_TYPES: dict[int, GidType] = {
     enums.IBV_GID_TYPE_ROCE_V2: "RoCE v2",
 }
 _LINK_LAYERS = {1: "InfiniBand", 2: "Ethernet"}  # IBV_LINK_LAYER_*; 0 (unspecified) = IB
-_MAX_GIDS = 4096
+# query_gid_table's output buffer travels as one uverbs ioctl attribute whose length is a u16:
+# 65535 // 32-byte struct ibv_gid_entry = 2047 entries at most. libibverbs truncates a larger
+# size silently (4096 entries -> length 0) and the kernel answers EINVAL (seen on rxe, 6.1).
+_MAX_GIDS = 65535 // 32
 # enum ibv_port_state, spelled as sysfs spells it ("4: ACTIVE")
 _PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 
@@ -68,10 +71,14 @@ class VerbsDiscovery:
 def _with_verbs_ports(base: Hca) -> Hca:
     with verbs.Context(name=base.name) as ctx:
         attr: Any = ctx.query_device()
-        entries: list[Any] = list(ctx.query_gid_table(_MAX_GIDS))
+        numbers = range(1, int(attr.phys_port_cnt) + 1)
+        port_attrs: dict[int, Any] = {n: ctx.query_port(n) for n in numbers}
+        # Room for every slot of every port (the kernel refuses a table it cannot fit whole).
+        slots = sum(int(pa.gid_tbl_len) for pa in port_attrs.values())
+        entries: list[Any] = list(ctx.query_gid_table(min(max(slots, 1), _MAX_GIDS)))
         ports: list[Port] = []
-        for number in range(1, int(attr.phys_port_cnt) + 1):
-            pa: Any = ctx.query_port(number)
+        for number in numbers:
+            pa = port_attrs[number]
             sysfs_port = next((p for p in base.ports if p.number == number), None)
             sysfs_ndevs = {g.index: g.netdev for g in sysfs_port.gids} if sysfs_port else {}
             gids = tuple(
@@ -93,9 +100,7 @@ def _with_verbs_ports(base: Hca) -> Hca:
                     gids=gids,
                 )
             )
-    return dataclasses.replace(
-        base,
-        vendor=base.vendor or f"{int(attr.vendor_id):04x}",
-        device_id=base.device_id or f"{int(attr.vendor_part_id):04x}",
-        ports=tuple(ports),
-    )
+    # vendor and device id stay sysfs' PCI IDs: for a virtual device (rxe reports vendor_id
+    # 0xffffff) verbs' IDs are no PCI IDs, and a `vendors` selector must select alike whichever
+    # discovery runs.
+    return dataclasses.replace(base, ports=tuple(ports))

@@ -59,11 +59,13 @@ dpkg-deb -x "$work"/linux-image-*.deb "$work/kernel"
 cp "$work/kernel/boot/vmlinuz-$kver" "$work/vmlinuz"
 depmod -b "$work/kernel" "$kver"
 
-# Rootfs. minbase + our packages; docs, man pages and locales are dead weight in a RAM disk.
+# Rootfs. minbase + our packages; docs, man pages, locales, udev's hardware database and the
+# full perl (only perl-base is essential) are dead weight in a RAM disk unpacked under TCG.
 mmdebstrap --variant=minbase --include="$PACKAGES" \
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
   --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/*' \
+  --customize-hook='rm -rf "$1"/usr/lib/udev/hwdb.* "$1"/usr/share/perl "$1"/usr/lib/x86_64-linux-gnu/perl' \
   bookworm "$work/rootfs" \
   "deb $MIRROR bookworm main" "deb $MIRROR bookworm-updates main" \
   "deb http://deb.debian.org/debian-security bookworm-security main" >&2
@@ -84,8 +86,9 @@ depmod -b "$work/rootfs" "$kver"
 # The project's locked Python packages for Debian's python3 in the guest (same 3.11, same glibc
 # as this host), installed into a directory on the guest's PYTHONPATH.
 echo "$requirements" >"$work/requirements.txt"
+# Compiled here: under TCG the guest would spend seconds per process compiling them.
 uv pip install -q --python /usr/bin/python3 --target "$work/rootfs/opt/lingjun-deps" \
-  --no-deps -r "$work/requirements.txt"
+  --no-deps --compile-bytecode -r "$work/requirements.txt"
 
 # An uncompressed cpio: the guest unpacks it faster than it would decompress one under TCG.
 (cd "$work/rootfs" && find . -print0 | cpio --null -o -H newc --quiet) >"$work/rootfs.cpio"

@@ -1,0 +1,117 @@
+"""The facts the nonHostNetwork (IPv6) mode rests on, on a real kernel: a pod's interface is an
+ipvlan/macvlan child of the RDMA netdev in the pod's own network namespace; in RDMA netns mode
+`shared` its address becomes a RoCE v2 GID of the parent's device, usable from that namespace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from plugin.discovery.sysfs import SysfsDiscovery
+from plugin.discovery.verbs import VerbsDiscovery
+from tests.plugin.rdma.conftest import FIGURES
+from tests.plugin.rdma.guest import (
+    DEV,
+    RXE0,
+    RXE1,
+    SYS,
+    gid_index,
+    run,
+    sysfs_gids,
+    transfer_command,
+    wait_gid,
+)
+
+pytestmark = pytest.mark.rdma
+
+NETNS = "pod"
+CHILD = "eth0"  # what the pod sees
+CHILD_IPV6 = "fd77::10"
+CHILD_IPV4 = "192.168.77.10"
+KINDS = {
+    "ipvlan": ("type", "ipvlan", "mode", "l2"),
+    "macvlan": ("type", "macvlan", "mode", "bridge"),
+}
+
+
+@pytest.fixture
+def pod_netns() -> Iterator[str]:
+    run("ip", "netns", "add", NETNS)
+    yield NETNS
+    run("ip", "netns", "delete", NETNS)  # takes the child netdev (and its GIDs) with it
+
+
+def add_child(kind: str, *, ipv6: bool, ipv4: bool) -> None:
+    """A child of rxe0's netdev, moved into the pod's namespace, addressed there."""
+    run("ip", "link", "add", "link", RXE0.netdev, "name", "child", *KINDS[kind])
+    run("ip", "link", "set", "child", "netns", NETNS)
+    pod = ("ip", "netns", "exec", NETNS)
+    run(*pod, "ip", "link", "set", "child", "name", CHILD)
+    if not ipv6:  # not even a link-local address: the child has only IPv4
+        run(*pod, "sysctl", "-qw", f"net.ipv6.conf.{CHILD}.disable_ipv6=1")
+    if ipv6:
+        run(*pod, "ip", "addr", "add", f"{CHILD_IPV6}/64", "dev", CHILD, "nodad")
+    if ipv4:
+        run(*pod, "ip", "addr", "add", f"{CHILD_IPV4}/24", "dev", CHILD)
+    run(*pod, "ip", "link", "set", "lo", "up")
+    run(*pod, "ip", "link", "set", CHILD, "up")
+
+
+def transfer_from_pod(index: int, peer_gid: str) -> tuple[int, str]:
+    """rc_transfer inside the pod's netns: rxe0 with the child's GID index -> rxe1."""
+    peer = gid_index(RXE1.ibdev, peer_gid)
+    assert peer is not None
+    done = run(
+        "ip", "netns", "exec", NETNS, *transfer_command(RXE0.ibdev, index, RXE1.ibdev, peer),
+        check=False,
+    )  # fmt: skip
+    return done.returncode, (done.stdout + done.stderr).strip().splitlines()[-1]
+
+
+@pytest.mark.usefixtures("pod_netns")
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_child_with_a_global_ipv6_in_a_pod_netns_gets_a_roce_v2_gid_that_carries_rdma(
+    kind: str,
+) -> None:
+    assert (SYS / "module/ib_core/parameters/netns_mode").read_text().strip() == "Y"
+
+    add_child(kind, ipv6=True, ipv4=False)
+    index = wait_gid(RXE0.ibdev, CHILD_IPV6)
+
+    assert index is not None, f"no RoCE v2 GID for {CHILD_IPV6}: {sysfs_gids(RXE0.ibdev)}"
+    (entry,) = [g for g in sysfs_gids(RXE0.ibdev) if g.index == index]
+    assert entry.netdev == CHILD
+    # What the plugin's nonHostNetwork check reads, through both discoveries.
+    for discovery in (VerbsDiscovery(SYS, DEV), SysfsDiscovery(SYS, DEV)):
+        (hca,) = [h for h in discovery.scan().hcas if h.name == RXE0.ibdev]
+        gids = {g.index: g for g in hca.ports[0].gids}
+        assert gids[index].gid == CHILD_IPV6
+        assert gids[index].is_global_ipv6
+    code, last = transfer_from_pod(index, RXE1.ipv6)
+    FIGURES.append(
+        f"netns: {kind} child in netns {NETNS!r} with {CHILD_IPV6}: RoCE v2 GID index {index} "
+        f"on {RXE0.ibdev} (ndev {entry.netdev}); RC transfer from the netns -> exit {code}: {last}"
+    )
+    assert code == 0, last
+
+
+@pytest.mark.usefixtures("pod_netns")
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_child_with_only_ipv4_in_a_pod_netns(kind: str) -> None:
+    add_child(kind, ipv6=False, ipv4=True)
+    mapped = f"::ffff:{CHILD_IPV4}"
+    index = wait_gid(RXE0.ibdev, mapped, limit=5)
+
+    gids = [g for g in sysfs_gids(RXE0.ibdev) if g.netdev == CHILD]
+    if index is None:
+        FIGURES.append(f"netns: {kind} child with only {CHILD_IPV4}: no GID at all ({gids})")
+    else:
+        code, last = transfer_from_pod(index, RXE1.ipv4_gid)
+        table = [(g.index, g.gid, g.type) for g in gids]
+        FIGURES.append(
+            f"netns: {kind} child with only {CHILD_IPV4}: GIDs {table}; "
+            f"RC transfer from the netns over GID {index} -> exit {code}: {last}"
+        )
+    assert not any(g.gid.startswith("fe80") for g in gids), "IPv6 disabled: no link-local GID"
+    assert index is not None
