@@ -19,7 +19,7 @@ from pyverbs import enums  # pyright: ignore[reportMissingImports]
 from pyverbs.pyverbs_error import PyverbsError  # pyright: ignore[reportMissingImports]
 
 from plugin.discovery.model import DiscoveryError, Gid, GidType, Hca, Inventory, Port
-from plugin.discovery.sysfs import SysfsDiscovery
+from plugin.discovery.sysfs import SysfsDiscovery, read
 
 # query_gid_table numbers GID types its own way (not the sysfs numbering of query_gid_type).
 _GID_TYPES: dict[int, GidType] = {
@@ -40,7 +40,9 @@ class VerbsDiscovery:
     name = "verbs"
 
     def __init__(self, sysfs_root: Path, dev_root: Path) -> None:
-        self.sysfs = SysfsDiscovery(sysfs_root, dev_root)
+        # sysfs for what verbs does not tell (character devices, NUMA, netdevs); not its GID
+        # table: that comes whole from one query_gid_table call.
+        self.sysfs = SysfsDiscovery(sysfs_root, dev_root, gids=False)
 
     def device_names(self) -> list[str]:
         """ibdev names libibverbs sees; raises DiscoveryError when there is no RDMA at all."""
@@ -62,13 +64,13 @@ class VerbsDiscovery:
             if base is None:  # gone from sysfs between the two reads: next scan settles it
                 continue
             try:
-                hcas.append(_with_verbs_ports(base))
+                hcas.append(_with_verbs_ports(base, self.sysfs.sysfs))
             except PyverbsError as exc:
                 hcas.append(dataclasses.replace(base, problems=(*base.problems, f"{name}: {exc}")))
         return dataclasses.replace(from_sysfs, hcas=tuple(hcas))
 
 
-def _with_verbs_ports(base: Hca) -> Hca:
+def _with_verbs_ports(base: Hca, sysfs_root: Path) -> Hca:
     with verbs.Context(name=base.name) as ctx:
         attr: Any = ctx.query_device()
         numbers = range(1, int(attr.phys_port_cnt) + 1)
@@ -80,13 +82,14 @@ def _with_verbs_ports(base: Hca) -> Hca:
         for number in numbers:
             pa = port_attrs[number]
             sysfs_port = next((p for p in base.ports if p.number == number), None)
-            sysfs_ndevs = {g.index: g.netdev for g in sysfs_port.gids} if sysfs_port else {}
+            attrs = sysfs_root / "class" / "infiniband" / base.name / "ports" / str(number)
             gids = tuple(
                 Gid(
                     index=int(e.gid_index),
                     gid=str(ipaddress.IPv6Address(e.gid_str())),
                     type=_GID_TYPES.get(int(e.gid_type), "IB/RoCE v1"),
-                    netdev=sysfs_ndevs.get(int(e.gid_index)),
+                    # by name from sysfs: the entry's ndev_ifindex may be another namespace's
+                    netdev=read(attrs / "gid_attrs" / "ndevs" / str(int(e.gid_index))) or None,
                 )
                 for e in sorted(entries, key=lambda e: int(e.gid_index))
                 if int(e.port_num) == number

@@ -4,6 +4,7 @@ ipvlan/macvlan child of the RDMA netdev in the pod's own network namespace; in R
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterator
 
 import pytest
@@ -69,11 +70,15 @@ def transfer_from_pod(index: int, peer_gid: str) -> tuple[int, str]:
     return done.returncode, (done.stdout + done.stderr).strip().splitlines()[-1]
 
 
+def rxe_kernel_messages() -> list[str]:
+    """What rxe told the kernel log (e.g. its route lookups that failed), deduplicated."""
+    lines = run("dmesg").stdout.splitlines()
+    return sorted({line.split("] ", 1)[-1] for line in lines if "rxe" in line.lower()})[-4:]
+
+
 @pytest.mark.usefixtures("pod_netns")
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_child_with_a_global_ipv6_in_a_pod_netns_gets_a_roce_v2_gid_that_carries_rdma(
-    kind: str,
-) -> None:
+def test_a_child_with_a_global_ipv6_in_a_pod_netns_gets_a_roce_v2_gid(kind: str) -> None:
     assert (SYS / "module/ib_core/parameters/netns_mode").read_text().strip() == "Y"
 
     add_child(kind, ipv6=True, ipv4=False)
@@ -84,34 +89,55 @@ def test_a_child_with_a_global_ipv6_in_a_pod_netns_gets_a_roce_v2_gid_that_carri
     assert entry.netdev == CHILD
     # What the plugin's nonHostNetwork check reads, through both discoveries.
     for discovery in (VerbsDiscovery(SYS, DEV), SysfsDiscovery(SYS, DEV)):
-        (hca,) = [h for h in discovery.scan().hcas if h.name == RXE0.ibdev]
+        inventory = discovery.scan()
+        assert inventory.netns_mode == "shared"
+        (hca,) = [h for h in inventory.hcas if h.name == RXE0.ibdev]
         gids = {g.index: g for g in hca.ports[0].gids}
-        assert gids[index].gid == CHILD_IPV6
+        assert (gids[index].gid, gids[index].netdev) == (CHILD_IPV6, CHILD)
         assert gids[index].is_global_ipv6
-    code, last = transfer_from_pod(index, RXE1.ipv6)
     FIGURES.append(
-        f"netns: {kind} child in netns {NETNS!r} with {CHILD_IPV6}: RoCE v2 GID index {index} "
-        f"on {RXE0.ibdev} (ndev {entry.netdev}); RC transfer from the netns -> exit {code}: {last}"
+        f"netns: {kind} child of {RXE0.netdev} in netns {NETNS!r} with {CHILD_IPV6}: RoCE v2 "
+        f"GID index {index} on {RXE0.ibdev}, ndev {entry.netdev!r} (netns mode shared)"
+    )
+
+
+@pytest.mark.usefixtures("pod_netns")
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.xfail(
+    strict=True,  # the day a kernel carries it, this turns red: then drop the mark
+    raises=AssertionError,
+    reason="Soft-RoCE (rxe) in Linux 6.1 cannot use a GID whose netdev lives in another "
+    "netns: it routes in the initial netns by that netdev's ifindex, and takes in only packets "
+    "arriving on its own netdev (or a VLAN of it); RoCE HCAs match GIDs in hardware",
+)
+def test_rdma_from_a_pod_netns_over_its_childs_ipv6_gid(kind: str) -> None:
+    add_child(kind, ipv6=True, ipv4=False)
+    index = wait_gid(RXE0.ibdev, CHILD_IPV6)
+    assert index is not None
+
+    code, last = transfer_from_pod(index, RXE1.ipv6)
+
+    FIGURES.append(
+        f"netns: RC transfer from netns {NETNS!r} over the {kind} child's GID {index} "
+        f"({CHILD_IPV6} -> {RXE1.ipv6}): exit {code}: {last}; kernel: {rxe_kernel_messages()}"
     )
     assert code == 0, last
 
 
 @pytest.mark.usefixtures("pod_netns")
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_child_with_only_ipv4_in_a_pod_netns(kind: str) -> None:
+def test_a_child_with_only_ipv4_in_a_pod_netns_gets_an_ipv4_mapped_gid(kind: str) -> None:
     add_child(kind, ipv6=False, ipv4=True)
     mapped = f"::ffff:{CHILD_IPV4}"
-    index = wait_gid(RXE0.ibdev, mapped, limit=5)
+    index = wait_gid(RXE0.ibdev, mapped)
 
-    gids = [g for g in sysfs_gids(RXE0.ibdev) if g.netdev == CHILD]
-    if index is None:
-        FIGURES.append(f"netns: {kind} child with only {CHILD_IPV4}: no GID at all ({gids})")
-    else:
+    gids = [(g.index, g.gid, g.type) for g in sysfs_gids(RXE0.ibdev) if g.netdev == CHILD]
+    outcome = "not tried"
+    if index is not None:  # recorded, not asserted: the transfer test above says why it fails
         code, last = transfer_from_pod(index, RXE1.ipv4_gid)
-        table = [(g.index, g.gid, g.type) for g in gids]
-        FIGURES.append(
-            f"netns: {kind} child with only {CHILD_IPV4}: GIDs {table}; "
-            f"RC transfer from the netns over GID {index} -> exit {code}: {last}"
-        )
-    assert not any(g.gid.startswith("fe80") for g in gids), "IPv6 disabled: no link-local GID"
-    assert index is not None
+        outcome = f"exit {code}: {last}"
+    FIGURES.append(
+        f"netns: {kind} child with only {CHILD_IPV4} (IPv6 disabled on it): its GIDs {gids}; "
+        f"RC transfer from the netns over that GID -> {outcome}"
+    )
+    assert gids == [(index, str(ipaddress.IPv6Address(mapped)), "RoCE v2")]
