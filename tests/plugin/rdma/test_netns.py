@@ -70,10 +70,31 @@ def transfer_from_pod(index: int, peer_gid: str) -> tuple[int, str]:
     return done.returncode, (done.stdout + done.stderr).strip().splitlines()[-1]
 
 
+def packet_counts() -> dict[str, int]:
+    """tx packets of each interface on the path, and IPv6 UDP datagrams to no socket: where
+    the transfer's packets went."""
+    counts = {
+        dev: int((SYS / "class/net" / dev / "statistics/tx_packets").read_text())
+        for dev in ("lo", RXE0.netdev, RXE1.netdev)
+    }
+    pod = run("ip", "netns", "exec", NETNS, "cat", f"/sys/class/net/{CHILD}/statistics/tx_packets")
+    counts[f"{NETNS}/{CHILD}"] = int(pod.stdout)
+    for netns in ("", NETNS):
+        snmp = run(*(("ip", "netns", "exec", netns) if netns else ()), "cat", "/proc/net/snmp6")
+        fields = dict(line.split() for line in snmp.stdout.splitlines() if line.strip())
+        counts[f"{netns or 'host'} Udp6NoPorts"] = int(fields["Udp6NoPorts"])
+    return counts
+
+
 def rxe_kernel_messages() -> list[str]:
-    """What rxe told the kernel log (e.g. its route lookups that failed), deduplicated."""
-    lines = run("dmesg").stdout.splitlines()
-    return sorted({line.split("] ", 1)[-1] for line in lines if "rxe" in line.lower()})[-4:]
+    """What rxe told the kernel log after it came up (a failed route lookup would show)."""
+    lines = [line.split("] ", 1)[-1] for line in run("dmesg").stdout.splitlines()]
+    return [
+        line
+        for line in lines
+        if "rxe" in line
+        and not line.endswith(("loaded", "veth0", "veth1", "set active", "set down"))
+    ]
 
 
 @pytest.mark.usefixtures("pod_netns")
@@ -115,11 +136,15 @@ def test_rdma_from_a_pod_netns_over_its_childs_ipv6_gid(kind: str) -> None:
     index = wait_gid(RXE0.ibdev, CHILD_IPV6)
     assert index is not None
 
+    before = packet_counts()
     code, last = transfer_from_pod(index, RXE1.ipv6)
+    after = packet_counts()
 
+    delta = {k: after[k] - before[k] for k in after if after[k] != before[k]}
     FIGURES.append(
         f"netns: RC transfer from netns {NETNS!r} over the {kind} child's GID {index} "
-        f"({CHILD_IPV6} -> {RXE1.ipv6}): exit {code}: {last}; kernel: {rxe_kernel_messages()}"
+        f"({CHILD_IPV6} -> {RXE1.ipv6}): exit {code}: {last}; counters moved: {delta}; "
+        f"rxe in the kernel log: {rxe_kernel_messages()}"
     )
     assert code == 0, last
 
