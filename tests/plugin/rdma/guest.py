@@ -97,6 +97,9 @@ def devinfo_gids(ibdev: str) -> set[tuple[int, str, str]]:
     }
 
 
-def transfer_command(a: str, a_gid: int, b: str, b_gid: int) -> list[str]:
+def transfer_command(a: str, a_gid: int, b: str, b_gid: int, timeout: float = 10.0) -> list[str]:
     """argv of the RC QP program (rc_transfer.py) between a[a_gid] and b[b_gid]."""
-    return ["python3", "-m", "tests.plugin.rdma.rc_transfer", f"{a}:{a_gid}", f"{b}:{b_gid}"]
+    return [
+        *("python3", "-m", "tests.plugin.rdma.rc_transfer"),
+        *(f"{a}:{a_gid}", f"{b}:{b_gid}", str(timeout)),
+    ]
