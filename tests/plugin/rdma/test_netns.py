@@ -127,7 +127,8 @@ def test_a_child_with_a_global_ipv6_in_a_pod_netns_gets_a_roce_v2_gid(kind: str)
 
 
 @pytest.mark.usefixtures("pod_netns")
-@pytest.mark.parametrize("kind", KINDS)
+# ipvlan only: macvlan behaved the same way when tried (and each try costs ~25 s under TCG).
+@pytest.mark.parametrize("kind", ["ipvlan"])
 @pytest.mark.xfail(
     strict=True,  # the day a kernel carries it, this turns red: then drop the mark
     raises=AssertionError,
