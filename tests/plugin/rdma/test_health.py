@@ -70,8 +70,8 @@ async def test_link_and_rdma_link_changes_reach_the_stream_without_a_restart(
     await wait(kubelet, "rxe0 back", lambda: health(kubelet).get("rxe0") == "Healthy")
     back = time.monotonic() - t0 - gone
     FIGURES.append(
-        f"health: rdma link delete -> gone in {gone:.2f} s, add -> back in {back:.2f} s "
-        "(--rescan-interval 1: no netlink link event announces an rdma link change)"
+        f"health: rdma link delete -> gone in {gone:.2f} s, add -> back in {back:.2f} s, "
+        "with --rescan-interval 1 (an rdma link change is no rtnetlink link event)"
     )
 
     assert health(kubelet) == {"rxe0": "Healthy", "rxe1": "Healthy"}
