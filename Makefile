@@ -47,8 +47,8 @@ bench: setup ## Benchmarks: print figures (never asserted)
 	$(PY) -m benchmarks.plugin_bench
 	$(PY) -m benchmarks.infra_bench
 
-test-rdma: setup ## Real verbs in a Soft-RoCE qemu VM
-	@echo "test-rdma: not done yet (issue 6: Soft-RoCE VM)"; exit 1
+test-rdma: setup ## Real verbs in a Soft-RoCE qemu VM (image cached in ~/.cache/lingjun-rdma/vm)
+	tests/plugin/rdma/vm/run.sh
 
 e2e: setup ## The plugin against a real kubelet v1.34 + containerd (builds and caches it)
 	@tests/e2e/run.sh $(PYTEST_ARGS)

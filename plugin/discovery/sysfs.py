@@ -27,9 +27,12 @@ class SysfsDiscovery:
 
     name = "sysfs"
 
-    def __init__(self, sysfs_root: Path, dev_root: Path) -> None:
+    def __init__(self, sysfs_root: Path, dev_root: Path, *, gids: bool = True) -> None:
         self.sysfs = sysfs_root
         self.dev_ib = dev_root / "infiniband"
+        # The GID table is one file per slot (rxe: 1024 per port, mostly empty): a caller that
+        # has the table from elsewhere (verbs) skips it.
+        self.gids = gids
 
     def scan(self) -> Inventory:
         class_ib = self.sysfs / "class" / "infiniband"
@@ -40,7 +43,9 @@ class SysfsDiscovery:
         return Inventory(
             hcas=tuple(h for h in hcas if h is not None),
             rdma_cm=(self.dev_ib / "rdma_cm").exists(),
-            netns_mode=read(self.sysfs / "module" / "ib_core" / "parameters" / "netns_mode"),
+            netns_mode=_netns_mode(
+                read(self.sysfs / "module" / "ib_core" / "parameters" / "netns_mode")
+            ),
         )
 
     def read_hca(
@@ -110,7 +115,7 @@ class SysfsDiscovery:
     def _read_port(
         self, base: Path, number: int, pci_netdevs: dict[str, int | None], parent: str | None
     ) -> Port:
-        gids = tuple(_read_gids(base))
+        gids = tuple(_read_gids(base)) if self.gids else ()
         if parent is not None:
             netdevs = (parent,)
         else:  # a PCI function's netdevs carry dev_port = port number - 1 (absent: single port)
@@ -137,8 +142,10 @@ def _read_gids(port: Path) -> list[Gid]:
             addr = ipaddress.IPv6Address(text)
         except ValueError:
             continue
+        if addr == _ZERO_GID:  # an empty slot: skip before reading its (unreadable) attributes
+            continue
         gid_type = read(port / "gid_attrs" / "types" / index)
-        if addr == _ZERO_GID or gid_type not in ("IB/RoCE v1", "RoCE v2"):
+        if gid_type not in ("IB/RoCE v1", "RoCE v2"):
             continue
         kind: GidType = "RoCE v2" if gid_type == "RoCE v2" else "IB/RoCE v1"
         netdev = read(port / "gid_attrs" / "ndevs" / index)
@@ -185,6 +192,11 @@ def _numa(text: str | None) -> int | None:
     except ValueError:
         return None
     return node if node >= 0 else None
+
+
+def _netns_mode(text: str | None) -> str | None:
+    """ib_core's netns_mode is a bool module parameter: the kernel writes Y (shared) or N."""
+    return {"Y": "shared", "N": "exclusive"}.get(text or "", text)
 
 
 def _natural(name: str) -> tuple[str, int]:

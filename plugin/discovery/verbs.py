@@ -19,7 +19,7 @@ from pyverbs import enums  # pyright: ignore[reportMissingImports]
 from pyverbs.pyverbs_error import PyverbsError  # pyright: ignore[reportMissingImports]
 
 from plugin.discovery.model import DiscoveryError, Gid, GidType, Hca, Inventory, Port
-from plugin.discovery.sysfs import SysfsDiscovery
+from plugin.discovery.sysfs import SysfsDiscovery, read
 
 # query_gid_table numbers GID types its own way (not the sysfs numbering of query_gid_type).
 _GID_TYPES: dict[int, GidType] = {
@@ -28,7 +28,10 @@ _GID_TYPES: dict[int, GidType] = {
     enums.IBV_GID_TYPE_ROCE_V2: "RoCE v2",
 }
 _LINK_LAYERS = {1: "InfiniBand", 2: "Ethernet"}  # IBV_LINK_LAYER_*; 0 (unspecified) = IB
-_MAX_GIDS = 4096
+# query_gid_table's output buffer travels as one uverbs ioctl attribute whose length is a u16:
+# 65535 // 32-byte struct ibv_gid_entry = 2047 entries at most. libibverbs truncates a larger
+# size silently (4096 entries -> length 0) and the kernel answers EINVAL (seen on rxe, 6.1).
+_MAX_GIDS = 65535 // 32
 # enum ibv_port_state, spelled as sysfs spells it ("4: ACTIVE")
 _PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 
@@ -37,7 +40,9 @@ class VerbsDiscovery:
     name = "verbs"
 
     def __init__(self, sysfs_root: Path, dev_root: Path) -> None:
-        self.sysfs = SysfsDiscovery(sysfs_root, dev_root)
+        # sysfs for what verbs does not tell (character devices, NUMA, netdevs); not its GID
+        # table: that comes whole from one query_gid_table call.
+        self.sysfs = SysfsDiscovery(sysfs_root, dev_root, gids=False)
 
     def device_names(self) -> list[str]:
         """ibdev names libibverbs sees; raises DiscoveryError when there is no RDMA at all."""
@@ -59,27 +64,32 @@ class VerbsDiscovery:
             if base is None:  # gone from sysfs between the two reads: next scan settles it
                 continue
             try:
-                hcas.append(_with_verbs_ports(base))
+                hcas.append(_with_verbs_ports(base, self.sysfs.sysfs))
             except PyverbsError as exc:
                 hcas.append(dataclasses.replace(base, problems=(*base.problems, f"{name}: {exc}")))
         return dataclasses.replace(from_sysfs, hcas=tuple(hcas))
 
 
-def _with_verbs_ports(base: Hca) -> Hca:
+def _with_verbs_ports(base: Hca, sysfs_root: Path) -> Hca:
     with verbs.Context(name=base.name) as ctx:
         attr: Any = ctx.query_device()
-        entries: list[Any] = list(ctx.query_gid_table(_MAX_GIDS))
+        numbers = range(1, int(attr.phys_port_cnt) + 1)
+        port_attrs: dict[int, Any] = {n: ctx.query_port(n) for n in numbers}
+        # Room for every slot of every port (the kernel refuses a table it cannot fit whole).
+        slots = sum(int(pa.gid_tbl_len) for pa in port_attrs.values())
+        entries: list[Any] = list(ctx.query_gid_table(min(max(slots, 1), _MAX_GIDS)))
         ports: list[Port] = []
-        for number in range(1, int(attr.phys_port_cnt) + 1):
-            pa: Any = ctx.query_port(number)
+        for number in numbers:
+            pa = port_attrs[number]
             sysfs_port = next((p for p in base.ports if p.number == number), None)
-            sysfs_ndevs = {g.index: g.netdev for g in sysfs_port.gids} if sysfs_port else {}
+            attrs = sysfs_root / "class" / "infiniband" / base.name / "ports" / str(number)
             gids = tuple(
                 Gid(
                     index=int(e.gid_index),
                     gid=str(ipaddress.IPv6Address(e.gid_str())),
                     type=_GID_TYPES.get(int(e.gid_type), "IB/RoCE v1"),
-                    netdev=sysfs_ndevs.get(int(e.gid_index)),
+                    # by name from sysfs: the entry's ndev_ifindex may be another namespace's
+                    netdev=read(attrs / "gid_attrs" / "ndevs" / str(int(e.gid_index))) or None,
                 )
                 for e in sorted(entries, key=lambda e: int(e.gid_index))
                 if int(e.port_num) == number
@@ -93,9 +103,7 @@ def _with_verbs_ports(base: Hca) -> Hca:
                     gids=gids,
                 )
             )
-    return dataclasses.replace(
-        base,
-        vendor=base.vendor or f"{int(attr.vendor_id):04x}",
-        device_id=base.device_id or f"{int(attr.vendor_part_id):04x}",
-        ports=tuple(ports),
-    )
+    # vendor and device id stay sysfs' PCI IDs: for a virtual device (rxe reports vendor_id
+    # 0xffffff) verbs' IDs are no PCI IDs, and a `vendors` selector must select alike whichever
+    # discovery runs.
+    return dataclasses.replace(base, ports=tuple(ports))

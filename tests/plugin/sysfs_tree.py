@@ -48,7 +48,9 @@ class SysfsTree:
         self._umad = 0
 
     def rdma_cm(self, netns_mode: str = "shared") -> SysfsTree:
-        _write(self.sys / "module" / "ib_core" / "parameters" / "netns_mode", netns_mode)
+        # a bool module parameter: the kernel shows Y (shared) or N (exclusive)
+        flag = "Y" if netns_mode == "shared" else "N"
+        _write(self.sys / "module" / "ib_core" / "parameters" / "netns_mode", flag)
         (self.dev / "infiniband" / "rdma_cm").touch()
         return self
 

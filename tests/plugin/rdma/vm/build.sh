@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Build (once) the Soft-RoCE test VM: a Debian kernel and a bookworm rootfs packed as an
+# initramfs, plus the project's locked Python dependencies for the guest.
+# Cached outside the repo under $RDMA_VM_CACHE/<hash of inputs>/; prints that directory.
+# Inputs of the hash: this script, the kernel package apt resolves, the locked requirements.
+set -euo pipefail
+cd "$(dirname "$0")/../../../.."
+
+CACHE=${RDMA_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lingjun-rdma/vm}
+MIRROR=http://deb.debian.org/debian
+# The guest's userspace: Debian's rdma-core 44 and its pyverbs (REFERENCE §3), the tools the
+# tests and a human debugging the guest need. No python3-grpcio/protobuf: the locked wheels go in.
+PACKAGES=python3,python3-pyverbs,rdma-core,ibverbs-providers,ibverbs-utils,rdmacm-utils,perftest,iproute2,kmod,util-linux,procps
+# What the guest loads: rxe needs crc32 (REFERENCE §5); ipvlan/macvlan for the netns tests.
+MODULES="veth rdma_rxe ib_uverbs rdma_ucm ib_umad crc32_generic ipvlan macvlan"
+
+log() { echo "build.sh: $*" >&2; }
+
+need=()
+for tool in qemu-system-x86_64:qemu-system-x86 mmdebstrap:mmdebstrap cpio:cpio depmod:kmod; do
+  command -v "${tool%%:*}" >/dev/null || need+=("${tool#*:}")
+done
+if ((${#need[@]})); then
+  log "apt: installing ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# The newest 6.1 kernel apt knows (linux-image-amd64 depends on it), by exact version.
+kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+[ -n "$kpkg" ] || { apt-get update -qq; kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'); }
+kdeb_version=$(apt-cache policy "$kpkg" | awk '/Candidate:/ {print $2}')
+kver=${kpkg#linux-image-}
+
+# Only what the guest needs of the lock: the plugin's runtime deps and pytest, not the Pulumi
+# SDKs or the host's dev tools (pruned with everything only they pull in).
+requirements=$(uv export --frozen --no-hashes --no-emit-project --no-header --no-annotate \
+  --prune pulumi --prune pulumi-kubernetes --prune pulumi-alicloud --prune pulumi-docker-build \
+  --prune pyright --prune grpcio-tools --prune kubernetes-validate --prune mypy-protobuf \
+  --prune types-grpcio --prune types-protobuf --prune ruff --prune hypothesis)
+
+key=$( { cat "$0"; echo "$kpkg=$kdeb_version"; echo "$requirements"; } | sha256sum | cut -c1-16)
+out=$CACHE/$key
+if [ -f "$out/done" ]; then
+  echo "$out"
+  exit 0
+fi
+
+log "building $out (kernel $kpkg $kdeb_version)"
+t0=$(date +%s)
+rm -rf "$out.tmp"
+mkdir -p "$out.tmp"
+work=$out.tmp
+
+# Kernel and modules from the Debian package, without installing it on the host.
+(cd "$work" && apt-get download -q "$kpkg=$kdeb_version" >/dev/null)
+dpkg-deb -x "$work"/linux-image-*.deb "$work/kernel"
+cp "$work/kernel/boot/vmlinuz-$kver" "$work/vmlinuz"
+depmod -b "$work/kernel" "$kver"
+
+# Rootfs. minbase + our packages; docs, man pages, locales, udev's hardware database and the
+# full perl (only perl-base is essential) are dead weight in a RAM disk unpacked under TCG.
+# shellcheck disable=SC2016 # "$1" in a hook is the rootfs, expanded by mmdebstrap's shell
+mmdebstrap --variant=minbase --include="$PACKAGES" \
+  --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+  --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+  --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/*' \
+  --customize-hook='rm -rf "$1"/usr/lib/udev/hwdb.* "$1"/usr/share/perl "$1"/usr/lib/x86_64-linux-gnu/perl' \
+  bookworm "$work/rootfs" \
+  "deb $MIRROR bookworm main" "deb $MIRROR bookworm-updates main" \
+  "deb http://deb.debian.org/debian-security bookworm-security main" >&2
+
+# Just the modules the guest loads (and what they depend on), then a depmod for them.
+mods=$work/rootfs/lib/modules/$kver
+mkdir -p "$mods"
+# shellcheck disable=SC2086
+modprobe -d "$work/kernel" -S "$kver" --show-depends -a $MODULES | awk '$1 == "insmod" {print $2}' |
+  sort -u | while read -r ko; do
+  rel=${ko#"$work/kernel/lib/modules/$kver/"}
+  mkdir -p "$mods/$(dirname "$rel")"
+  cp "$ko" "$mods/$rel"
+done
+cp "$work/kernel/lib/modules/$kver"/modules.{order,builtin,builtin.modinfo} "$mods/"
+depmod -b "$work/rootfs" "$kver"
+
+# The project's locked Python packages for Debian's python3 in the guest (same 3.11, same glibc
+# as this host), installed into a directory on the guest's PYTHONPATH.
+echo "$requirements" >"$work/requirements.txt"
+# Compiled here: under TCG the guest would spend seconds per process compiling them.
+uv pip install -q --python /usr/bin/python3 --target "$work/rootfs/opt/lingjun-deps" \
+  --no-deps --compile-bytecode -r "$work/requirements.txt"
+
+# An uncompressed cpio: the guest unpacks it faster than it would decompress one under TCG.
+(cd "$work/rootfs" && find . -print0 | cpio --null -o -H newc --quiet) >"$work/rootfs.cpio"
+echo "$kpkg $kdeb_version" >"$work/kernel-version"
+rm -rf "$work/kernel" "$work/rootfs" "$work"/linux-image-*.deb
+touch "$work/done"
+rm -rf "$out"
+mv "$work" "$out"
+log "built in $(($(date +%s) - t0)) s: $(du -sh "$out" | cut -f1)"
+echo "$out"
