@@ -80,11 +80,11 @@ def choose_discovery(kind: str, sysfs_root: Path, dev_root: Path) -> Discovery:
     if kind == "verbs":
         return verbs
     try:
-        found = verbs.device_names()
+        verbs.check_usable()
     except DiscoveryError as exc:
-        found = []
-        logger.info("%s", exc)
-    return verbs if found else SysfsDiscovery(sysfs_root, dev_root)
+        logger.info("%s: sysfs discovery", exc)
+        return SysfsDiscovery(sysfs_root, dev_root)
+    return verbs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,6 +51,18 @@ class VerbsDiscovery:
         except PyverbsError as exc:  # raised (not []) when /sys/class/infiniband_verbs is absent
             raise DiscoveryError(f"libibverbs finds no RDMA devices: {exc}") from exc
 
+    def check_usable(self) -> None:
+        """Raise DiscoveryError unless a device can be opened here: in a container without the
+        device cgroup grant (the DaemonSet's case) libibverbs lists devices it cannot open."""
+        names = self.device_names()
+        if not names:
+            raise DiscoveryError("libibverbs lists no RDMA device")
+        try:
+            with verbs.Context(name=names[0]):
+                pass
+        except PyverbsError as exc:
+            raise DiscoveryError(f"libibverbs cannot open {names[0]}: {exc}") from exc
+
     def scan(self) -> Inventory:
         from_sysfs = self.sysfs.scan()
         try:

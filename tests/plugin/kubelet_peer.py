@@ -118,14 +118,16 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
         async with self._changed:
             await asyncio.wait_for(self._changed.wait_for(predicate), limit)
 
-    async def wait_registrations(self, count: int, resource: str = "rdma/hca") -> Registration:
+    async def wait_registrations(
+        self, count: int, resource: str = "rdma/hca", limit: float = 10.0
+    ) -> Registration:
         """Wait until `count` registrations happened and the newest one has its first list."""
 
         def done() -> bool:
             regs = [r for r in self.registrations if r.request.resource_name == resource]
             return len(regs) >= count and bool(regs[-1].updates)
 
-        await self.wait_for(done)
+        await self.wait_for(done, limit)
         reg = self.current(resource)
         assert reg is not None
         return reg

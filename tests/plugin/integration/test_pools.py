@@ -121,3 +121,16 @@ async def test_non_host_network_without_ipv6_gids_is_reported_loudly(
     log = plugin.output()
     assert "ERROR" in log
     assert "nonHostNetwork: true but mlx5_0 port 1 (eth0): no RoCE v2 GID for a global IPv6" in log
+
+
+async def test_auto_discovery_falls_back_to_sysfs_without_usable_verbs(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    await plugin.start(None, "--discovery", "auto")  # this host has no RDMA device to open
+
+    await kubelet.wait_registrations(1)
+
+    log = plugin.output()
+    assert "libibverbs finds no RDMA devices" in log, "auto asked verbs first"
+    assert "discovery: sysfs" in log
+    assert len(kubelet.devices()) == 1000

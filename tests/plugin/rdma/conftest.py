@@ -66,13 +66,15 @@ class VerbsPlugin:
         self.log = root / "plugin.log"
         self.proc: asyncio.subprocess.Process | None = None
 
-    async def start(self, config: str | None = None, rescan_interval: float = 5.0) -> None:
+    async def start(
+        self, config: str | None = None, rescan_interval: float = 5.0, discovery: str = "verbs"
+    ) -> None:
         argv = [
             sys.executable,
             "-m",
             "plugin",
             "--discovery",
-            "verbs",
+            discovery,
             "--sysfs-root",
             str(SYS),
             "--dev-root",

@@ -88,6 +88,16 @@ async def test_registers_lists_ids_and_allocate_returns_the_rxe_device_nodes(
     assert container.envs["LINGJUN_RDMA_HCAS"] == "rxe0,rxe1"
 
 
+async def test_auto_discovery_picks_verbs_where_devices_open(
+    kubelet: KubeletPeer, plugin: VerbsPlugin
+) -> None:
+    await plugin.start(discovery="auto")
+
+    await kubelet.wait_registrations(1, limit=120)
+
+    assert "discovery: verbs" in plugin.output()
+
+
 @pytest.mark.parametrize("family", ["ipv4", "ipv6"])
 async def test_allocated_nodes_alone_carry_rdma_write_and_send_in_a_mount_namespace(
     kubelet: KubeletPeer, plugin: VerbsPlugin, family: str
