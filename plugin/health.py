@@ -1,5 +1,6 @@
-"""Event-driven health: re-scan on netlink link/address changes, plus a periodic backstop,
-and push every change to the servicers at once."""
+"""Event-driven health: re-scan on netlink link/address changes and on kernel uevents of RDMA
+devices (driver loaded, `rdma link add/delete`, hot-plug), plus a periodic backstop, and push
+every change to the servicers at once."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ logger = logging.getLogger(__name__)
 
 # rtnetlink multicast groups: link up/down, and address changes (they change the GID table)
 _RTMGRP_LINK, _RTMGRP_IPV4_IFADDR, _RTMGRP_IPV6_IFADDR = 0x1, 0x10, 0x100
+_RTNETLINK = (socket.NETLINK_ROUTE, _RTMGRP_LINK | _RTMGRP_IPV4_IFADDR | _RTMGRP_IPV6_IFADDR)
+# kernel uevents (group 1): an ibdev or its uverbs/umad node appearing or going away
+_UEVENTS = (15, 1)  # NETLINK_KOBJECT_UEVENT
 
 
 class HealthWatcher:
@@ -48,8 +52,8 @@ class HealthWatcher:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        sock = _netlink_socket()
-        if sock is not None:
+        socks = [s for s in (_netlink_socket(*_RTNETLINK), _netlink_socket(*_UEVENTS)) if s]
+        for sock in socks:
             loop.add_reader(sock.fileno(), self._on_netlink, sock)
         try:
             while True:
@@ -62,7 +66,7 @@ class HealthWatcher:
                 self.metrics.scans.labels(trigger).inc()
                 await self.rescan()
         finally:
-            if sock is not None:
+            for sock in socks:
                 loop.remove_reader(sock.fileno())
                 sock.close()
 
@@ -79,12 +83,14 @@ class HealthWatcher:
                 await servicer.update(view)
 
     def _on_netlink(self, sock: socket.socket) -> None:
+        relevant = sock.proto == socket.NETLINK_ROUTE
         try:
-            while sock.recv(65536):
-                pass
+            while data := sock.recv(65536):
+                relevant = relevant or b"SUBSYSTEM=infiniband" in data  # uevents: RDMA only
         except BlockingIOError:
             pass
-        self._trigger.set()
+        if relevant:
+            self._trigger.set()
 
     def _report(
         self, inventory: Inventory, views: list[policy.PoolView], conflicts: list[str]
@@ -121,12 +127,14 @@ class HealthWatcher:
             logger.info("scan (%s): %s", self.discovery.name, summary)
 
 
-def _netlink_socket() -> socket.socket | None:
+def _netlink_socket(protocol: int, groups: int) -> socket.socket | None:
     try:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-        sock.bind((0, _RTMGRP_LINK | _RTMGRP_IPV4_IFADDR | _RTMGRP_IPV6_IFADDR))
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, protocol)
+        sock.bind((0, groups))
         sock.setblocking(False)
     except OSError as exc:
-        logger.warning("no netlink events (%s): relying on the periodic re-scan", exc)
+        logger.warning(
+            "no netlink events (protocol %d: %s): relying on the periodic re-scan", protocol, exc
+        )
         return None
     return sock
