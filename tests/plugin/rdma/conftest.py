@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -32,29 +30,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("observed in the Soft-RoCE VM")
         for line in FIGURES:
             terminalreporter.write_line(line)
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """Unix socket paths are limited to 107 bytes: keep the dir short."""
-    path = Path(tempfile.mkdtemp(prefix="ljr", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def plugin_dir(short_tmp: Path) -> Path:
-    d = short_tmp / "dp"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
-async def kubelet(plugin_dir: Path) -> AsyncIterator[KubeletPeer]:
-    peer = KubeletPeer(plugin_dir)
-    await peer.start()
-    yield peer
-    await peer.stop()
 
 
 class VerbsPlugin:
