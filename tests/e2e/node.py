@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import stat
-import sys
 import urllib.request
 from pathlib import Path
 
 from tests.e2e.cluster import DEVICE_PLUGIN_DIR, free_port
 from tests.e2e.procs import Proc, eventually
+from tests.plugin.plugin_process import plugin_argv
 from tests.plugin.sysfs_tree import SysfsTree, two_mlx5
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,19 +59,14 @@ class Plugin:
         )
 
     def argv(self) -> list[str]:
-        args = [
-            sys.executable,
-            "-m",
-            "plugin",
-            f"--sysfs-root={self.tree.sys}",
-            f"--dev-root={self.tree.dev}",
-            f"--device-plugin-dir={DEVICE_PLUGIN_DIR}",
-            "--discovery=sysfs",
-            "--rescan-interval=0.5",
-            f"--metrics-address=127.0.0.1:{self.metrics_port}",
-            "--log-level=debug",
-        ]
-        return args + ([f"--config={self.config}"] if self.config else [])
+        return plugin_argv(
+            sysfs=self.tree.sys,
+            dev=self.tree.dev,
+            plugin_dir=DEVICE_PLUGIN_DIR,
+            rescan_interval=0.5,
+            metrics_address=f"127.0.0.1:{self.metrics_port}",
+            config=self.config,
+        )
 
     def start(self, config_yaml: str | None = None) -> None:
         if config_yaml is None:

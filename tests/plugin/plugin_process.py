@@ -11,6 +11,31 @@ from pathlib import Path
 from tests.plugin.sysfs_tree import SysfsTree
 
 
+def plugin_argv(
+    *,
+    sysfs: Path,
+    dev: Path,
+    plugin_dir: Path,
+    discovery: str = "sysfs",
+    rescan_interval: float = 0.1,
+    metrics_address: str = "",
+    log_level: str = "debug",
+    config: Path | None = None,
+) -> list[str]:
+    """The plugin's command line as every test level runs it (the CLI contract of issue 4)."""
+    argv = [
+        *(sys.executable, "-m", "plugin"),
+        *("--sysfs-root", str(sysfs)),
+        *("--dev-root", str(dev)),
+        *("--device-plugin-dir", str(plugin_dir)),
+        *("--discovery", discovery),
+        *("--rescan-interval", str(rescan_interval)),
+        *("--metrics-address", metrics_address),
+        *("--log-level", log_level),
+    ]
+    return argv + (["--config", str(config)] if config else [])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -32,26 +57,17 @@ class PluginProcess:
         self.proc: asyncio.subprocess.Process | None = None
 
     def argv(self, config: Path | None = None, *extra: str) -> list[str]:
-        args = [
-            sys.executable,
-            "-m",
-            "plugin",
-            "--sysfs-root",
-            str(self.tree.sys),
-            "--dev-root",
-            str(self.tree.dev),
-            "--device-plugin-dir",
-            str(self.plugin_dir),
-            "--discovery",
-            "sysfs",
-            "--rescan-interval",
-            "0.1",
-            "--metrics-address",
-            f"127.0.0.1:{self.metrics_port}",
-            "--log-level",
-            self.log_level,
+        return [
+            *plugin_argv(
+                sysfs=self.tree.sys,
+                dev=self.tree.dev,
+                plugin_dir=self.plugin_dir,
+                metrics_address=f"127.0.0.1:{self.metrics_port}",
+                log_level=self.log_level,
+                config=config,
+            ),
+            *extra,
         ]
-        return args + (["--config", str(config)] if config else []) + list(extra)
 
     async def start(self, config: Path | None = None, *extra: str) -> None:
         with self.log.open("ab") as log:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from tests.plugin.kubelet_peer import KubeletPeer, Registration
+from tests.plugin.plugin_process import plugin_argv
 from tests.plugin.rdma.guest import DEV, SYS
 
 # Figures the tests measure (never assert); printed at the end of the guest's pytest run.
@@ -44,29 +44,18 @@ class VerbsPlugin:
     async def start(
         self, config: str | None = None, rescan_interval: float = 5.0, discovery: str = "verbs"
     ) -> None:
-        argv = [
-            sys.executable,
-            "-m",
-            "plugin",
-            "--discovery",
-            discovery,
-            "--sysfs-root",
-            str(SYS),
-            "--dev-root",
-            str(DEV),
-            "--device-plugin-dir",
-            str(self.plugin_dir),
-            "--rescan-interval",
-            str(rescan_interval),
-            "--metrics-address",
-            "",
-            "--log-level",
-            "debug",
-        ]
+        config_path = None
         if config is not None:
-            path = self.root / "plugin.yaml"
-            path.write_text(config)
-            argv += ["--config", str(path)]
+            config_path = self.root / "plugin.yaml"
+            config_path.write_text(config)
+        argv = plugin_argv(
+            sysfs=SYS,
+            dev=DEV,
+            plugin_dir=self.plugin_dir,
+            discovery=discovery,
+            rescan_interval=rescan_interval,
+            config=config_path,
+        )
         with self.log.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(*argv, stdout=log, stderr=log)
 
