@@ -83,14 +83,39 @@ class Endpoint:
         )
 
     async def run(self) -> None:
-        """Until cancelled: keep the socket served and the kubelet informed."""
+        """Until cancelled: keep the socket served and the kubelet informed; never crash."""
+        backoff = _BACKOFF_START
         while True:
             self._wake.clear()
             if not self.serving:
-                await self._restart_server()
+                try:
+                    await self._restart_server()
+                except (OSError, RuntimeError, grpc.aio.AioRpcError) as exc:
+                    # e.g. the device-plugins dir is missing, or a starting kubelet deleted the
+                    # socket before it answered
+                    self.metrics.errors.labels(kind="serve").inc()
+                    logger.warning(
+                        "%s: cannot serve %s (%s); retrying in %.1fs",
+                        self.servicer.resource,
+                        self.path,
+                        exc,
+                        backoff,
+                    )
+                    await self._sleep_unless_woken(backoff)
+                    backoff = min(backoff * 2, _BACKOFF_MAX)
+                    continue
+                backoff = _BACKOFF_START
             if not self.registered and not await self._register():
                 continue  # woken while backing off: look again at once
             await self._wake.wait()
+
+    async def _sleep_unless_woken(self, seconds: float) -> bool:
+        """True when woken before `seconds` passed."""
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+        except TimeoutError:
+            return False
+        return True
 
     async def stop(self) -> None:
         await self.servicer.stop_streams()
@@ -157,11 +182,9 @@ class Endpoint:
                 self.metrics.registrations.labels(self.servicer.resource, "ok").inc()
                 logger.info("%s: registered with the kubelet", self.servicer.resource)
                 return True
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=backoff)
+            if await self._sleep_unless_woken(backoff):
                 return False
-            except TimeoutError:
-                backoff = min(backoff * 2, _BACKOFF_MAX)
+            backoff = min(backoff * 2, _BACKOFF_MAX)
         return False
 
 

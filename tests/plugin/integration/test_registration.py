@@ -201,3 +201,23 @@ async def test_serves_healthz_and_metrics(kubelet: KubeletPeer, plugin: PluginPr
     _, metrics = await asyncio.to_thread(get, "/metrics")
     assert 'rdma_plugin_devices{health="Healthy",resource="rdma/hca"} 1000.0' in metrics
     assert 'rdma_plugin_registrations_total{resource="rdma/hca",result="ok"} 1.0' in metrics
+
+
+async def test_waits_for_the_device_plugins_dir_to_appear(
+    short_tmp: Path, plugin: PluginProcess
+) -> None:
+    late_dir = short_tmp / "late"
+    plugin.plugin_dir = late_dir  # the kubelet has not created its dir yet
+    await plugin.start()
+    await asyncio.sleep(1.0)
+    assert plugin.proc is not None
+    assert plugin.proc.returncode is None, "must not crash without the dir"
+
+    late_dir.mkdir()
+    peer = KubeletPeer(late_dir)
+    await peer.start()
+    try:
+        reg = await peer.wait_registrations(1, limit=15)
+        assert len(reg.updates[-1][1]) == 1000
+    finally:
+        await peer.stop()
