@@ -130,9 +130,17 @@ async def run(args: argparse.Namespace, config: PluginConfig, discovery: Discove
     http = None
     if args.metrics_address:
         host, _, port = args.metrics_address.rpartition(":")
-        http = await serve_http(
-            host.strip("[]"), int(port), metrics, lambda: all(e.serving for e in endpoints)
-        )
+        try:
+            http = await serve_http(
+                host.strip("[]"), int(port), metrics, lambda: all(e.serving for e in endpoints)
+            )
+        except (OSError, ValueError) as exc:
+            print(
+                f"rdma-device-plugin: --metrics-address {args.metrics_address}: {exc}: "
+                "use a free HOST:PORT, or an empty value to disable",
+                file=sys.stderr,
+            )
+            return 2
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 from plugin.api.v1beta1 import api_pb2
 from tests.plugin.kubelet_peer import KubeletPeer
@@ -134,3 +135,13 @@ async def test_auto_discovery_falls_back_to_sysfs_without_usable_verbs(
     assert "libibverbs finds no RDMA devices" in log, "auto asked verbs first"
     assert "discovery: sysfs" in log
     assert len(kubelet.devices()) == 1000
+
+
+async def test_metrics_port_in_use_exits_2_naming_the_flag(plugin: PluginProcess) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", plugin.metrics_port))
+        busy.listen()
+        await plugin.start()
+
+        assert await plugin.wait() == 2
+    assert f"--metrics-address 127.0.0.1:{plugin.metrics_port}" in plugin.output()
