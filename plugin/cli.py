@@ -118,7 +118,7 @@ async def run(args: argparse.Namespace, config: PluginConfig, discovery: Discove
         views, _ = assign(config, Inventory())
     endpoints: list[Endpoint] = []
     for view in views:
-        servicer = DevicePluginServicer(view, args.dev_root, metrics, on_stream_end=lambda: None)
+        servicer = DevicePluginServicer(view, args.dev_root, metrics)
         watcher.servicers[view.pool.name] = servicer
         endpoints.append(Endpoint(servicer, args.device_plugin_dir, metrics))
 

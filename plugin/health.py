@@ -72,7 +72,8 @@ class HealthWatcher:
 
     async def rescan(self) -> None:
         try:
-            views = self.scan()
+            # sysfs reads (hundreds of GID files per port) stay off the loop serving Allocate
+            views = await asyncio.to_thread(self.scan)
         except Exception:  # keep serving the last good view; the next trigger retries
             self.metrics.errors.labels(kind="scan").inc()
             logger.exception("scan failed; keeping the previous devices")

@@ -72,12 +72,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         view: policy.PoolView,
         dev_root: Path,
         metrics: Metrics,
-        on_stream_end: Callable[[], None],
     ) -> None:
         self.view = view
         self.dev_root = dev_root
         self.metrics = metrics
-        self.on_stream_end = on_stream_end
+        # Set by the registrar that owns this servicer's socket.
+        self.on_stream_end: Callable[[], None] = lambda: None
         self.resource = view.pool.resource_name
         # Bumped by the registrar before each Register: a stream of an older registration ending
         # is the kubelet replacing it, not the kubelet dropping us.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 ROCE_V2 = "RoCE v2"
@@ -92,7 +92,7 @@ class Inventory:
     hcas: tuple[Hca, ...] = ()
     rdma_cm: bool = False  # /dev/infiniband/rdma_cm exists
     netns_mode: str | None = None  # "shared" | "exclusive"; None when ib_core is not loaded
-    errors: tuple[str, ...] = field(default=())
+    errors: tuple[str, ...] = ()
 
 
 class Discovery(Protocol):
