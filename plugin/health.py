@@ -1,6 +1,7 @@
 """Event-driven health: re-scan on netlink link/address changes and on kernel uevents of RDMA
 devices (driver loaded, `rdma link add/delete`, hot-plug), plus a periodic backstop, and push
-every change to the servicers at once."""
+every change to the servicers at once. A netdev losing carrier takes its ports down before the
+scan it triggers (fail fast); only a scan brings them back (recover on evidence)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from plugin import pool as policy
 from plugin.config import PluginConfig
 from plugin.discovery.model import Discovery, Inventory
+from plugin.linkstate import carrier_changes, without_carrier
 from plugin.metrics import Metrics
 from plugin.netmode import non_host_network_problems
 from plugin.server import DevicePluginServicer
@@ -42,10 +44,18 @@ class HealthWatcher:
         self.servicers: dict[str, DevicePluginServicer] = {}
         self._trigger = asyncio.Event()
         self._reported: tuple[str, ...] | None = None
+        # netdevs rtnetlink last reported without carrier; they hold their ports down
+        self._no_carrier: frozenset[str] = frozenset()
+        self._inventory = Inventory()  # the last scan, as discovery read it
+        self._carrier_lost = False  # a netdev of the last scan lost carrier since
 
     def scan(self) -> list[policy.PoolView]:
         """One scan, logged and counted; raises DiscoveryError."""
-        inventory = self.discovery.scan()
+        no_carrier = self._no_carrier  # this thread's snapshot; the loop replaces the set
+        self._inventory = self.discovery.scan()
+        return self._views(without_carrier(self._inventory, no_carrier))
+
+    def _views(self, inventory: Inventory) -> list[policy.PoolView]:
         views, conflicts = policy.assign(self.config, inventory)
         self._report(inventory, views, conflicts)
         return views
@@ -63,6 +73,11 @@ class HealthWatcher:
                 except TimeoutError:
                     trigger = "periodic"
                 self._trigger.clear()
+                if self._carrier_lost:  # from the last scan, on the loop: no sysfs reads
+                    self._carrier_lost = False
+                    await self._publish(
+                        self._views(without_carrier(self._inventory, self._no_carrier))
+                    )
                 self.metrics.scans.labels(trigger).inc()
                 await self.rescan()
         finally:
@@ -71,6 +86,7 @@ class HealthWatcher:
                 sock.close()
 
     async def rescan(self) -> None:
+        no_carrier = self._no_carrier
         try:
             # sysfs reads (hundreds of GID files per port) stay off the loop serving Allocate
             views = await asyncio.to_thread(self.scan)
@@ -78,20 +94,39 @@ class HealthWatcher:
             self.metrics.errors.labels(kind="scan").inc()
             logger.exception("scan failed; keeping the previous devices")
             return
+        if self._no_carrier != no_carrier:  # carrier changed while it ran: its view is stale
+            self._carrier_lost = False
+            views = self._views(without_carrier(self._inventory, self._no_carrier))
+        await self._publish(views)
+
+    async def _publish(self, views: list[policy.PoolView]) -> None:
         for view in views:
             servicer = self.servicers.get(view.pool.name)
             if servicer is not None:
                 await servicer.update(view)
 
     def _on_netlink(self, sock: socket.socket) -> None:
-        relevant = sock.proto == socket.NETLINK_ROUTE
+        rtnetlink = sock.proto == socket.NETLINK_ROUTE
+        relevant = rtnetlink
         try:
             while data := sock.recv(65536):
+                if rtnetlink:
+                    self._on_carrier(carrier_changes(data))
                 relevant = relevant or b"SUBSYSTEM=infiniband" in data  # uevents: RDMA only
         except BlockingIOError:
             pass
+        except OSError:  # ENOBUFS: link messages were lost; forget them, let scans decide
+            self._no_carrier = frozenset()
         if relevant:
             self._trigger.set()
+
+    def _on_carrier(self, changes: dict[str, bool]) -> None:
+        lost = {n for n, carrier in changes.items() if not carrier}
+        no_carrier = (self._no_carrier - changes.keys()) | lost
+        if no_carrier != self._no_carrier:
+            known = {n for h in self._inventory.hcas for n in h.netdevs}
+            self._carrier_lost |= bool((lost - self._no_carrier) & known)
+            self._no_carrier = frozenset(no_carrier)
 
     def _report(
         self, inventory: Inventory, views: list[policy.PoolView], conflicts: list[str]

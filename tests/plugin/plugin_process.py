@@ -46,18 +46,25 @@ class PluginProcess:
     """`python -m plugin …` with flags pointing at a fixture tree and a temp plugin dir."""
 
     def __init__(
-        self, root: Path, tree: SysfsTree, plugin_dir: Path, log_level: str = "debug"
+        self,
+        root: Path,
+        tree: SysfsTree,
+        plugin_dir: Path,
+        log_level: str = "debug",
+        netns: str | None = None,
     ) -> None:
         self.root = root
         self.log_level = log_level
         self.tree = tree
         self.plugin_dir = plugin_dir
+        self.netns = netns  # run inside this network namespace (`ip netns exec` execs it)
         self.metrics_port = free_port()
         self.log = root / "plugin.log"
         self.proc: asyncio.subprocess.Process | None = None
 
     def argv(self, config: Path | None = None, *extra: str) -> list[str]:
         return [
+            *(("ip", "netns", "exec", self.netns) if self.netns else ()),
             *plugin_argv(
                 sysfs=self.tree.sys,
                 dev=self.tree.dev,

@@ -1,0 +1,68 @@
+"""Carrier from rtnetlink, pure: which netdevs a link message says are up or down, and an
+inventory with the ports of carrier-less netdevs marked down, so that a link loss reaches the
+kubelet without waiting for a scan (a scan reads hundreds of sysfs files per port)."""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+from plugin.discovery.model import Inventory, Port
+
+_NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, seq, pid
+_IFINFOMSG = struct.Struct("=BxHiII")  # family, device type, ifindex, flags, change mask
+_RTATTR = struct.Struct("=HH")  # length, type
+RTM_NEWLINK = 16
+IFLA_IFNAME = 3
+IFF_UP = 0x1
+IFF_LOWER_UP = 0x10000
+DOWN = "DOWN"
+
+
+def _align(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def carrier_changes(data: bytes) -> dict[str, bool]:
+    """netdev -> has carrier (administratively up and lower layer up), for every RTM_NEWLINK
+    in one rtnetlink datagram; a later message about the same netdev wins. Other messages
+    (addresses, deleted links) and truncated ones are skipped: a scan follows every event."""
+    changes: dict[str, bool] = {}
+    offset = 0
+    while offset + _NLMSGHDR.size <= len(data):
+        length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, offset)
+        if length < _NLMSGHDR.size or offset + length > len(data):
+            break
+        body, end = offset + _NLMSGHDR.size, offset + length
+        offset += _align(length)
+        if kind != RTM_NEWLINK or body + _IFINFOMSG.size > end:
+            continue
+        flags = _IFINFOMSG.unpack_from(data, body)[3]
+        attr = body + _IFINFOMSG.size
+        while attr + _RTATTR.size <= end:
+            attr_len, attr_type = _RTATTR.unpack_from(data, attr)
+            if attr_len < _RTATTR.size or attr + attr_len > end:
+                break
+            if attr_type == IFLA_IFNAME:
+                name = data[attr + _RTATTR.size : attr + attr_len].split(b"\0", 1)[0]
+                changes[name.decode(errors="replace")] = flags & (IFF_UP | IFF_LOWER_UP) == (
+                    IFF_UP | IFF_LOWER_UP
+                )
+                break
+            attr += _align(attr_len)
+    return changes
+
+
+def without_carrier(inventory: Inventory, down: frozenset[str]) -> Inventory:
+    """`inventory` with every port whose netdevs are all in `down` marked DOWN. Ports without
+    a netdev (InfiniBand without IPoIB) keep the state the kernel reported."""
+    if not down:
+        return inventory
+
+    def port(p: Port) -> Port:
+        if p.netdevs and down.issuperset(p.netdevs) and p.state != DOWN:
+            return dataclasses.replace(p, state=DOWN)
+        return p
+
+    hcas = tuple(dataclasses.replace(h, ports=tuple(map(port, h.ports))) for h in inventory.hcas)
+    return dataclasses.replace(inventory, hcas=hcas)

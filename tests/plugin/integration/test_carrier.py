@@ -1,0 +1,86 @@
+"""Carrier loss from the kernel's own rtnetlink messages: the plugin runs in a network namespace
+where the fixture HCAs' netdevs (eth0, eth1) are a real veth pair, while the fixture's sysfs
+keeps saying the ports are ACTIVE. Only the link messages can make the IDs Unhealthy."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.plugin.kubelet_peer import KubeletPeer
+from tests.plugin.plugin_process import PluginProcess
+from tests.plugin.sysfs_tree import SysfsTree
+
+
+def ip(*argv: str) -> None:
+    subprocess.run(("ip", *argv), check=True, capture_output=True, text=True)
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    name = f"lingjun-carrier-{os.getpid()}"
+    ip("netns", "add", name)
+    try:
+        ip("-n", name, "link", "set", "lo", "up")  # the metrics port binds 127.0.0.1 there
+        ip("-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
+        ip("-n", name, "link", "set", "eth0", "up")
+        ip("-n", name, "link", "set", "eth1", "up")
+        yield name
+    finally:
+        ip("netns", "delete", name)
+
+
+@pytest.fixture
+async def plugin_in_netns(
+    short_tmp: Path, tree: SysfsTree, plugin_dir: Path, netns: str
+) -> AsyncIterator[PluginProcess]:
+    proc = PluginProcess(short_tmp, tree, plugin_dir, netns=netns)
+    yield proc
+    if proc.proc is not None and proc.proc.returncode is None:
+        proc.proc.kill()
+        await proc.proc.wait()
+    print(proc.output())
+
+
+def health(kubelet: KubeletPeer) -> set[str]:
+    return {d.health for d in kubelet.devices()}
+
+
+async def test_carrier_loss_makes_ids_unhealthy_before_sysfs_says_so(
+    kubelet: KubeletPeer, plugin_in_netns: PluginProcess, netns: str
+) -> None:
+    # No periodic scan in the way: every change below comes from a link message.
+    await plugin_in_netns.start(None, "--rescan-interval", "600")
+    await kubelet.wait_registrations(1)
+    assert health(kubelet) == {"Healthy"}
+
+    ip("-n", netns, "link", "set", "eth0", "down")  # eth0 down, eth1 loses its carrier
+    await kubelet.wait_for(lambda: health(kubelet) == {"Unhealthy"})
+    assert (
+        plugin_in_netns.tree.port_dir("mlx5_0")
+        .joinpath("state")
+        .read_text()
+        .strip()
+        .endswith("ACTIVE")
+    ), "the fixture still says ACTIVE: the plugin went by the link message"
+
+    ip("-n", netns, "link", "set", "eth0", "up")  # carrier back: the scan it triggers heals
+    await kubelet.wait_for(lambda: health(kubelet) == {"Healthy"})
+    assert len(kubelet.devices()) == 1000
+
+
+async def test_a_netdev_outside_the_inventory_changes_nothing(
+    kubelet: KubeletPeer, plugin_in_netns: PluginProcess, netns: str
+) -> None:
+    await plugin_in_netns.start(None, "--rescan-interval", "600")
+    await kubelet.wait_registrations(1)
+    ip("-n", netns, "link", "add", "other0", "type", "veth", "peer", "name", "other1")
+    ip("-n", netns, "link", "set", "other0", "up")
+    ip("-n", netns, "link", "set", "other0", "down")
+    await asyncio.sleep(0.5)
+    assert health(kubelet) == {"Healthy"}
