@@ -47,7 +47,7 @@ bench: setup ## Benchmarks: print figures (never asserted)
 	$(PY) -m benchmarks.plugin_bench
 	$(PY) -m benchmarks.infra_bench
 
-test-rdma: setup ## Real verbs in a Soft-RoCE qemu VM (image cached in ~/.cache/lingjun-rdma/vm)
+test-rdma: setup ## Real verbs in a Soft-RoCE qemu VM (image cached in ~/.cache/lingjun-rdma/vm); RDMA_VM_KERNEL=forky for a 7.x kernel
 	tests/plugin/rdma/vm/run.sh
 
 e2e: setup ## The plugin against a real kubelet v1.34 + containerd (builds and caches it)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -15,24 +14,13 @@ import pytest
 from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.plugin_process import PluginProcess
 from tests.plugin.sysfs_tree import SysfsTree
-
-
-def ip(*argv: str) -> None:
-    subprocess.run(("ip", *argv), check=True, capture_output=True, text=True)
+from tests.plugin.veth_netns import ip, veth_netns
 
 
 @pytest.fixture
 def netns() -> Iterator[str]:
-    name = f"lingjun-carrier-{os.getpid()}"
-    ip("netns", "add", name)
-    try:
-        ip("-n", name, "link", "set", "lo", "up")  # the metrics port binds 127.0.0.1 there
-        ip("-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
-        ip("-n", name, "link", "set", "eth0", "up")
-        ip("-n", name, "link", "set", "eth1", "up")
+    with veth_netns(f"lingjun-carrier-{os.getpid()}") as name:
         yield name
-    finally:
-        ip("netns", "delete", name)
 
 
 @pytest.fixture

@@ -3,6 +3,8 @@
 # initramfs, plus the project's locked Python dependencies for the guest.
 # Cached outside the repo under $RDMA_VM_CACHE/<hash of inputs>/; prints that directory.
 # Inputs of the hash: this script, the kernel package apt resolves, the locked requirements.
+# RDMA_VM_KERNEL=<Debian suite> picks the kernel: bookworm (6.1, the default: nearest to the
+# 5.10 of Lingjun nodes) or a newer suite such as forky (7.x: rxe with network namespaces).
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 
@@ -11,8 +13,10 @@ MIRROR=http://deb.debian.org/debian
 # The guest's userspace: Debian's rdma-core 44 and its pyverbs (REFERENCE §3), the tools the
 # tests and a human debugging the guest need. No python3-grpcio/protobuf: the locked wheels go in.
 PACKAGES=python3,python3-pyverbs,rdma-core,ibverbs-providers,ibverbs-utils,rdmacm-utils,perftest,iproute2,kmod,util-linux,procps
-# What the guest loads: rxe needs crc32 (REFERENCE §5); ipvlan/macvlan for the netns tests.
+# What the guest loads, where the kernel has it as a module: rxe needs crc32 (a module up to
+# 6.x, REFERENCE §5; built into 7.x); ipvlan/macvlan for the netns tests.
 MODULES="veth rdma_rxe ib_uverbs rdma_ucm ib_umad crc32_generic ipvlan macvlan"
+SUITE=${RDMA_VM_KERNEL:-bookworm}
 
 log() { echo "build.sh: $*" >&2; }
 
@@ -26,11 +30,30 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-# The newest 6.1 kernel apt knows (linux-image-amd64 depends on it), by exact version.
-kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
-[ -n "$kpkg" ] || { apt-get update -qq; kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'); }
-kdeb_version=$(apt-cache policy "$kpkg" | awk '/Candidate:/ {print $2}')
+# The suite's kernel through an apt of its own (lists cached, refreshed daily), so that any
+# suite works on this bookworm host without touching its sources; signatures checked as usual.
+aptdir=$CACHE/apt-$SUITE
+mkdir -p "$aptdir/lists/partial" "$aptdir/archives/partial"
+echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $MIRROR $SUITE main" >"$aptdir/sources.list"
+apt_opts=(-o "Dir::Etc::SourceList=$aptdir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+  -o "Dir::State::Lists=$aptdir/lists" -o "Dir::Cache::Archives=$aptdir/archives"
+  -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= -o APT::Architecture=amd64
+  -o Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false
+  -o Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false
+  -o Acquire::IndexTargets::deb::Contents-deb::DefaultEnabled=false)
+if [ -z "$(find "$aptdir/updated" -mmin -1440 2>/dev/null)" ]; then
+  log "apt: updating the $SUITE lists"
+  apt-get "${apt_opts[@]}" update -qq
+  touch "$aptdir/updated"
+fi
+# The newest kernel of the suite (linux-image-amd64 depends on it), by exact version.
+kpkg=$(apt-cache "${apt_opts[@]}" depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+kdeb_version=$(apt-cache "${apt_opts[@]}" policy "$kpkg" | awk '/Candidate:/ {print $2}')
 kver=${kpkg#linux-image-}
+if [ -z "$kver" ] || [ -z "$kdeb_version" ]; then
+  log "no kernel found in $SUITE"
+  exit 1
+fi
 
 # Only what the guest needs of the lock: the plugin's runtime deps and pytest, not the Pulumi
 # SDKs or the host's dev tools (pruned with everything only they pull in).
@@ -46,17 +69,35 @@ if [ -f "$out/done" ]; then
   exit 0
 fi
 
-log "building $out (kernel $kpkg $kdeb_version)"
+log "building $out (kernel $kpkg $kdeb_version from $SUITE)"
 t0=$(date +%s)
 rm -rf "$out.tmp"
 mkdir -p "$out.tmp"
 work=$out.tmp
 
-# Kernel and modules from the Debian package, without installing it on the host.
-(cd "$work" && apt-get download -q "$kpkg=$kdeb_version" >/dev/null)
-dpkg-deb -x "$work"/linux-image-*.deb "$work/kernel"
-cp "$work/kernel/boot/vmlinuz-$kver" "$work/vmlinuz"
+# Kernel and modules from the Debian packages, without installing them on the host. From 7.x
+# linux-image-* is a shell around linux-binary-* (vmlinuz) and linux-modules-*, under /usr/lib.
+debs=("$kpkg=$kdeb_version")
+for part in binary modules; do
+  if apt-cache "${apt_opts[@]}" show "linux-$part-$kver" >/dev/null 2>&1; then
+    debs+=("linux-$part-$kver=$kdeb_version")
+  fi
+done
+(cd "$work" && apt-get "${apt_opts[@]}" download -q "${debs[@]}" >/dev/null)
+for deb in "$work"/*.deb; do dpkg-deb -x "$deb" "$work/kernel"; done
+[ -e "$work/kernel/lib" ] || ln -s usr/lib "$work/kernel/lib"
+for vmlinuz in "$work/kernel/boot/vmlinuz-$kver" "$work/kernel/lib/modules/$kver/vmlinuz"; do
+  [ ! -f "$vmlinuz" ] || cp "$vmlinuz" "$work/vmlinuz"
+done
 depmod -b "$work/kernel" "$kver"
+# The wanted modules this kernel has as modules; the others are built in (or absent: then
+# init's modprobe of what depends on them fails loudly).
+mods_found=()
+for m in $MODULES; do
+  if modprobe -d "$work/kernel" -S "$kver" --show-depends "$m" >/dev/null 2>&1; then
+    mods_found+=("$m")
+  fi
+done
 
 # Rootfs. minbase + our packages; docs, man pages, locales, udev's hardware database and the
 # full perl (only perl-base is essential) are dead weight in a RAM disk unpacked under TCG.
@@ -73,15 +114,19 @@ mmdebstrap --variant=minbase --include="$PACKAGES" \
 # Just the modules the guest loads (and what they depend on), then a depmod for them.
 mods=$work/rootfs/lib/modules/$kver
 mkdir -p "$mods"
-# shellcheck disable=SC2086
-modprobe -d "$work/kernel" -S "$kver" --show-depends -a $MODULES | awk '$1 == "insmod" {print $2}' |
+modprobe -d "$work/kernel" -S "$kver" --show-depends -a "${mods_found[@]}" | awk '$1 == "insmod" {print $2}' |
   sort -u | while read -r ko; do
   rel=${ko#"$work/kernel/lib/modules/$kver/"}
   mkdir -p "$mods/$(dirname "$rel")"
   cp "$ko" "$mods/$rel"
 done
-cp "$work/kernel/lib/modules/$kver"/modules.{order,builtin,builtin.modinfo} "$mods/"
+# (7.x packages ship no modules.builtin*: nothing the guest loads is looked up there.)
+for f in modules.order modules.builtin modules.builtin.modinfo; do
+  [ ! -f "$work/kernel/lib/modules/$kver/$f" ] || cp "$work/kernel/lib/modules/$kver/$f" "$mods/"
+done
 depmod -b "$work/rootfs" "$kver"
+# What init loads.
+echo "${mods_found[*]}" >"$work/rootfs/etc/rdma-vm-modules"
 
 # The project's locked Python packages for Debian's python3 in the guest (same 3.11, same glibc
 # as this host), installed into a directory on the guest's PYTHONPATH.
@@ -93,7 +138,7 @@ uv pip install -q --python /usr/bin/python3 --target "$work/rootfs/opt/lingjun-d
 # An uncompressed cpio: the guest unpacks it faster than it would decompress one under TCG.
 (cd "$work/rootfs" && find . -print0 | cpio --null -o -H newc --quiet) >"$work/rootfs.cpio"
 echo "$kpkg $kdeb_version" >"$work/kernel-version"
-rm -rf "$work/kernel" "$work/rootfs" "$work"/linux-image-*.deb
+rm -rf "$work/kernel" "$work/rootfs" "$work"/*.deb
 touch "$work/done"
 rm -rf "$out"
 mv "$work" "$out"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Boot the Soft-RoCE VM (built and cached by build.sh) with the project's code appended to its
 # initramfs, run the tests marked `rdma` inside it, and exit with their pytest exit code.
-# The guest's console (kernel, init, pytest) is written to out/rdma/guest.log.
-# RDMA_PYTEST_ARGS="-k health -x" passes extra pytest arguments to the guest.
+# The guest's console (kernel, init, pytest) is written to out/rdma/guest-<kernel suite>.log.
+# RDMA_PYTEST_ARGS="-k health -x" passes extra pytest arguments to the guest;
+# RDMA_VM_KERNEL=forky boots that Debian suite's kernel instead of bookworm's (build.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 repo=$PWD
@@ -10,7 +11,7 @@ timeout_s=${RDMA_VM_TIMEOUT:-1800} # TCG on 2 shared cores: generous, but never 
 
 image=$(tests/plugin/rdma/vm/build.sh)
 mkdir -p out/rdma
-log=$repo/out/rdma/guest.log
+log=$repo/out/rdma/guest-${RDMA_VM_KERNEL:-bookworm}.log
 work=$(mktemp -d /tmp/rdma-vm.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
