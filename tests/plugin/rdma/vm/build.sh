@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build (once) the Soft-RoCE test VM: a Debian kernel and a bookworm rootfs packed as an
 # initramfs, plus the project's locked Python dependencies for the guest.
-# Cached outside the repo under $RDMA_VM_CACHE/<hash of inputs>/; prints that directory.
+# Cached outside the repo under $RDMA_VM_CACHE/<suite>-<hash of inputs>/ (older images of the
+# suite are removed once a new one is built); prints that directory.
 # Inputs of the hash: this script, the kernel package apt resolves, the locked requirements.
 # RDMA_VM_KERNEL=<Debian suite> picks the kernel: bookworm (6.1, the default: nearest to the
 # 5.10 of Lingjun nodes) or a newer suite such as forky (7.x: rxe with network namespaces).
@@ -63,7 +64,7 @@ requirements=$(uv export --frozen --no-hashes --no-emit-project --no-header --no
   --prune types-grpcio --prune types-protobuf --prune ruff --prune hypothesis)
 
 key=$( { cat "$0"; echo "$kpkg=$kdeb_version"; echo "$requirements"; } | sha256sum | cut -c1-16)
-out=$CACHE/$key
+out=$CACHE/$SUITE-$key
 if [ -f "$out/done" ]; then
   echo "$out"
   exit 0
@@ -142,5 +143,7 @@ rm -rf "$work/kernel" "$work/rootfs" "$work"/*.deb
 touch "$work/done"
 rm -rf "$out"
 mv "$work" "$out"
+find "$CACHE" -mindepth 1 -maxdepth 1 -type d -regextype posix-extended \
+  -regex ".*/$SUITE-[0-9a-f]{16}(\.tmp)?" ! -name "$SUITE-$key" -exec rm -rf {} +
 log "built in $(($(date +%s) - t0)) s: $(du -sh "$out" | cut -f1)"
 echo "$out"
