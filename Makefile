@@ -54,13 +54,8 @@ e2e: setup ## The plugin against a real kubelet v1.34 + containerd (builds and c
 	@tests/e2e/run.sh $(PYTEST_ARGS)
 
 IMAGE ?= lingjun-rdma-plugin:dev
-image: ## Build plugin/Dockerfile as $(IMAGE) (needs a running Docker or Podman engine)
-	@engine=$$(for e in docker podman; do command -v $$e >/dev/null && $$e info >/dev/null 2>&1 \
-	  && echo $$e && break; done); \
-	if [ -z "$$engine" ]; then echo "image: no container engine runs on this machine (docker/podman" \
-	  "info failed): build on a machine with one, or let Pulumi build it (pluginImageBuild: true)" >&2; \
-	  exit 1; fi; \
-	$$engine build -f plugin/Dockerfile -t $(IMAGE) .
+image: ## Build plugin/Dockerfile as $(IMAGE): Docker/Podman if one runs, else buildah (IMAGE_ARCHIVE=tar to export)
+	IMAGE=$(IMAGE) plugin/image.sh
 
 clean: ## Remove the venv and build outputs
 	rm -rf $(VENV) out .pytest_cache .ruff_cache

@@ -19,7 +19,7 @@ from tests.e2e.cluster import (
     reap_stale_runs,
     run_lock,
 )
-from tests.e2e.kube import Api, ApiError, pod_names
+from tests.e2e.kube import Api, pod_gone, pod_names
 from tests.e2e.node import REPO, Plugin
 from tests.e2e.procs import eventually
 from tests.e2e.scenario import wait_allocatable
@@ -100,17 +100,9 @@ def pods(api: Api, cluster: Cluster) -> Iterator[list[str]]:
     for name in names:
         api.delete_pod(name)
     for name in names:
-        eventually(lambda name=name: _gone(api, name), 60, f"pod {name} deleted")
+        eventually(lambda name=name: pod_gone(api, name), 60, f"pod {name} deleted")
         eventually(
             lambda name=name: name not in pod_names(cluster.pod_resources_sock),
             60,
             f"the kubelet to forget pod {name}",
         )
-
-
-def _gone(api: Api, name: str) -> bool:
-    try:
-        api.pod(name)
-    except ApiError as exc:
-        return exc.status == 404
-    return False

@@ -74,6 +74,14 @@ class Api:
         return str(self.get(f"/api/v1/namespaces/{ns}/pods/{name}/log"))
 
 
+def pod_gone(api: Api, name: str, ns: str = "default") -> bool:
+    try:
+        api.pod(name, ns)
+    except ApiError as exc:
+        return exc.status == 404
+    return False
+
+
 def extended(node: Obj, resource: str) -> tuple[str | None, str | None]:
     """(capacity, allocatable) of `resource` as the Node object reports them."""
     status = node.get("status", {})

@@ -1,0 +1,147 @@
+"""10: the plugin as it ships. The image built from plugin/Dockerfile (`make image`) runs as the
+pod the DaemonSet controller would make from the rendered local stack, on the real kubelet,
+under the rendered security context: not privileged, no capability, read-only root."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.cluster import NODE, Cluster
+from tests.e2e.kube import Api, allocatable_ids, pod_gone
+from tests.e2e.node import REPO, Plugin
+from tests.e2e.procs import eventually
+from tests.e2e.scenario import container_id, wait_allocatable
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+IMAGE = "localhost/lingjun-rdma-plugin:e2e"
+LINGJUN_LABEL = "alibabacloud.com/lingjun-worker"
+
+
+@pytest.fixture(scope="module")
+def image(cluster: Cluster) -> str:
+    """plugin/Dockerfile built by `make image` (buildah here: no engine runs) and imported
+    into the kubelet's containerd."""
+    tar = cluster.root / "plugin-image.tar"
+    subprocess.run(
+        ["make", "image", f"IMAGE={IMAGE}", f"IMAGE_ARCHIVE={tar}"],
+        cwd=REPO, check=True, timeout=900,
+    )  # fmt: skip
+    cluster.ctr("images", "import", str(tar), timeout=300)
+    tar.unlink()
+    return IMAGE
+
+
+@pytest.fixture(scope="module")
+def rendered(image: str, cluster: Cluster) -> dict[str, list[dict[str, Any]]]:
+    """The local stack rendered with the image under test, by kind."""
+    out = cluster.root / "rendered"
+    subprocess.run(
+        [str(REPO / ".venv/bin/python"), "-m", "infra.render", "--stack", "local",
+         "--out", str(out), "--set", f"pluginImage={image}"],
+        cwd=REPO, check=True, timeout=300,
+    )  # fmt: skip
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for f in sorted(out.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(f.read_text()):
+            if isinstance(doc, dict):
+                by_kind.setdefault(doc["kind"], []).append(doc)
+    return by_kind
+
+
+def kubectl(cluster: Cluster, *args: str) -> None:
+    argv = [str(cluster.peers.kubectl), f"--kubeconfig={cluster.kubeconfig}", *args]
+    subprocess.run(argv, check=True, timeout=120, capture_output=True)
+
+
+@pytest.fixture
+def lingjun_node(cluster: Cluster) -> Iterator[None]:
+    """The label the DaemonSet selects Lingjun nodes by (the kubelet checks it on admission)."""
+    kubectl(cluster, "label", "node", NODE, f"{LINGJUN_LABEL}=true", "--overwrite")
+    yield
+    kubectl(cluster, "label", "node", NODE, f"{LINGJUN_LABEL}-")
+
+
+def daemon_pod(daemonset: dict[str, Any], plugin: Plugin) -> dict[str, Any]:
+    """The pod the DaemonSet controller would create on this node (no controller runs here),
+    with the node's /sys and /dev/infiniband being the fixture's: this machine has no HCA."""
+    template = copy.deepcopy(daemonset["spec"]["template"])
+    spec = template["spec"]
+    spec["nodeName"] = NODE
+    fixture = {"sys": plugin.tree.sys, "infiniband": plugin.tree.dev / "infiniband"}
+    for volume in spec["volumes"]:
+        if volume["name"] in fixture:
+            volume["hostPath"]["path"] = str(fixture.pop(volume["name"]))
+    assert not fixture, f"the rendered DaemonSet no longer mounts {sorted(fixture)}"
+    name = f"{daemonset['metadata']['name']}-{NODE}"
+    namespace = daemonset["metadata"]["namespace"]
+    metadata = {**template["metadata"], "name": name, "namespace": namespace}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def root_mount_options(pid: int) -> list[str]:
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == "/":
+            return fields[5].split(",")
+    raise AssertionError(f"no / in /proc/{pid}/mountinfo")
+
+
+@pytest.mark.usefixtures("lingjun_node")
+def test_the_image_runs_as_the_rendered_daemonset_pod_unprivileged_and_registers(
+    api: Api,
+    cluster: Cluster,
+    session_plugin: Plugin,
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    session_plugin.stop()  # the host-process plugin of the other scenarios
+    for kind in ("Namespace", "ServiceAccount", "ConfigMap"):
+        for doc in rendered[kind]:
+            path = cluster.root / f"{kind}.yaml"
+            path.write_text(yaml.safe_dump(doc))
+            kubectl(cluster, "apply", "-f", str(path))
+    (daemonset,) = rendered["DaemonSet"]
+    pod = daemon_pod(daemonset, session_plugin)
+    name, ns = pod["metadata"]["name"], pod["metadata"]["namespace"]
+    api.create_pod(pod, ns=ns)
+    try:
+
+        def ready() -> bool:
+            status = api.pod(name, ns)["status"]
+            if status.get("phase") == "Failed":
+                raise AssertionError(f"pod {name} failed: {status}")
+            conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+            return conditions.get("Ready") == "True"  # its readiness probe: GET /healthz
+
+        eventually(ready, 120, f"pod {name} Ready")
+        wait_allocatable(api, "1k")
+        ids = allocatable_ids(cluster.pod_resources_sock, "rdma/hca")
+        assert len(ids) == 1000
+
+        # What the kernel says of the plugin's process, not what the spec asked for.
+        cid = container_id(api, name).removeprefix("containerd://")
+        pid = int(cluster.ctr("task", "ls").split(cid, 1)[1].split()[0])
+        status = proc_status(pid)
+        assert status["Uid"].split()[0] == "0"
+        assert (status["CapEff"], status["CapPrm"]) == ("0" * 16, "0" * 16)
+        assert status["NoNewPrivs"] == "1"
+        assert status["Seccomp"] == "2"  # a filter: containerd's RuntimeDefault profile
+        assert "ro" in root_mount_options(pid)
+        spec = api.pod(name, ns)["spec"]
+        assert spec["containers"][0]["image"] == IMAGE
+        assert spec.get("hostNetwork") is True
+    finally:
+        api.delete_pod(name, ns)
+        eventually(lambda: pod_gone(api, name, ns), 60, f"pod {name} deleted")
