@@ -104,5 +104,5 @@ def hex_numbers(plugin: Plugin, names: list[str]) -> dict[str, str]:
     return {n: "{:x}:{:x}".format(*plugin.dev_numbers[n]) for n in names}
 
 
-def container_id(api: Api, name: str) -> str:
-    return str(api.pod(name)["status"]["containerStatuses"][0]["containerID"])
+def container_id(api: Api, name: str, ns: str = "default") -> str:
+    return str(api.pod(name, ns)["status"]["containerStatuses"][0]["containerID"])

@@ -131,7 +131,7 @@ def test_the_image_runs_as_the_rendered_daemonset_pod_unprivileged_and_registers
         assert len(ids) == 1000
 
         # What the kernel says of the plugin's process, not what the spec asked for.
-        cid = container_id(api, name).removeprefix("containerd://")
+        cid = container_id(api, name, ns).removeprefix("containerd://")
         pid = int(cluster.ctr("task", "ls").split(cid, 1)[1].split()[0])
         status = proc_status(pid)
         assert status["Uid"].split()[0] == "0"
