@@ -131,7 +131,8 @@ class Cluster(pulumi.ComponentResource):
             image_id=group.image_id,
             opts=child,
         )
-        return lingjun.id, node_group.id
+        # its id is "<cluster id>:<group id>": the node pool wants the bare group id
+        return lingjun.id, node_group.node_group_id
 
 
 class ExistingCluster(pulumi.ComponentResource):

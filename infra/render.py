@@ -92,6 +92,11 @@ class RecordingMocks(pulumi.runtime.Mocks):
         if args.typ == "docker-build:index:Image":
             digest = hashlib.sha256(args.name.encode()).hexdigest()
             state["ref"] = f"{inputs['tags'][0]}@sha256:{digest}"
+        if args.typ == "alicloud:eflo/nodeGroup:NodeGroup":
+            # terraform-provider-alicloud: the ID is "<cluster id>:<group id>"; the bare group id
+            # is the nodeGroupId output (resource_alicloud_eflo_node_group.go, SetId / Set)
+            state["nodeGroupId"] = f"{args.name}-group"
+            return f"{inputs['clusterId']}:{state['nodeGroupId']}", state
         return f"{args.name}-id", state
 
     def call(

@@ -209,9 +209,10 @@ def test_node_pool_is_lingjun_on_the_created_eflo_group() -> None:
     group = one(result, "alicloud:eflo/nodeGroup:NodeGroup")
 
     assert pool.inputs["type"] == "lingjun"
+    # the node group's bare id, not its resource ID ("<cluster id>:<group id>")
     assert pool.inputs["efloNodeGroup"] == {
         "clusterId": f"{eflo.name}-id",
-        "groupId": f"{group.name}-id",
+        "groupId": f"{group.name}-group",
     }
     assert pool.inputs["desiredSize"] == "2"
     assert eflo.inputs["networks"]["tailIpVersion"] == "ipv4"
