@@ -73,6 +73,7 @@ class StackConfig(BaseModel):
     namespace: str
     plugin_image: str | None = None
     plugin_image_build: bool
+    acr_instance_id: str | None = None
     registry_username: str | None = None
     registry_password: SecretStr | None = None
     sample_jobs: tuple[str, ...]
@@ -300,6 +301,17 @@ def _check_image(c: StackConfig) -> list[str]:
                 f"{_key('pluginImage')}: set together with {_key('pluginImageBuild')}: true; pick "
                 f"one (pulumi config rm {_key('pluginImage')})"
             )
+        if c.acr_instance_id is None:
+            problems.append(
+                f"{_key('acrInstanceId')}: required with {_key('pluginImageBuild')}: true, the ACR "
+                "Enterprise Edition instance to push to (the Personal Edition is deprecated) "
+                f"{_set('acrInstanceId', 'cri-<id>')}"
+            )
+        elif not re.fullmatch(r"cri-[a-z0-9]+", c.acr_instance_id):
+            problems.append(
+                f"{_key('acrInstanceId')}: {c.acr_instance_id!r} is not an ACR Enterprise "
+                f"Edition instance ID {_set('acrInstanceId', 'cri-<id>')}"
+            )
         if (c.registry_username is None) != (c.registry_password is None):
             problems.append(
                 f"{_key('registryUsername')}/{_key('registryPassword')}: give both, or neither "
@@ -307,6 +319,11 @@ def _check_image(c: StackConfig) -> list[str]:
                 f"(pulumi config set --secret {_key('registryPassword')} <password>)"
             )
         return problems
+    if c.acr_instance_id is not None:
+        return [
+            f"{_key('acrInstanceId')}: only used with {_key('pluginImageBuild')}: true "
+            f"(pulumi config rm {_key('acrInstanceId')})"
+        ]
     if c.plugin_image is None:
         return [
             f"{_key('pluginImage')}: required unless {_key('pluginImageBuild')}: true "

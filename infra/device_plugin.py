@@ -10,7 +10,7 @@ import pulumi
 import pulumi_docker_build as docker_build
 import pulumi_kubernetes as k8s
 
-from infra.alicloud import cr
+from infra.alicloud import cs
 from plugin.config import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_DEVICE_PLUGIN_DIR,
@@ -28,10 +28,10 @@ APP_LABEL = "app.kubernetes.io/name"
 
 @dataclass(frozen=True)
 class ImageBuild:
-    """Build plugin/Dockerfile and push it to an ACR (personal edition) repository we create."""
+    """Build plugin/Dockerfile and push it to a repository we create in an ACR Enterprise
+    Edition instance (the Personal Edition's resources are deprecated in pulumi-alicloud 4)."""
 
-    region: str
-    # ACR (personal edition) namespaces are unique per region across all accounts.
+    acr_instance_id: str  # "cri-…"
     registry_namespace: str
     # ACR login for the push and an image pull Secret. None: push with the deployer's own
     # `docker login`, pull with ACK's ACR credential helper add-on.
@@ -66,12 +66,17 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
         )
         in_ns = pulumi.ResourceOptions(parent=self, depends_on=[namespace])
         if args.build is not None:
-            self.image = self._build_image(name, args.build, child)
+            # The instance's internet domain ("<instance name>-registry.<region>.cr.aliyuncs.com"):
+            # the push runs on the deployer's machine, outside the VPC.
+            registry = cs.get_registry_enterprise_instances_output(
+                ids=[args.build.acr_instance_id], opts=pulumi.InvokeOutputOptions(parent=self)
+            ).instances.apply(lambda found: found[0].public_endpoints[0])
+            self.image = self._build_image(name, args.build, registry, child)
             if args.build.username is not None and args.build.password is not None:
                 secret = self._pull_secret(
                     name,
                     args.namespace,
-                    args.build.region,
+                    registry,
                     args.build.username,
                     args.build.password,
                     in_ns,
@@ -113,24 +118,29 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
         self.register_outputs({"daemonset_name": self.daemonset_name, "image": self.image})
 
     def _build_image(
-        self, name: str, build: ImageBuild, child: pulumi.ResourceOptions
+        self,
+        name: str,
+        build: ImageBuild,
+        registry: pulumi.Output[str],
+        child: pulumi.ResourceOptions,
     ) -> pulumi.Output[str]:
-        namespace = cr.Namespace(
+        namespace = cs.RegistryEnterpriseNamespace(
             f"{name}-acr-ns",
+            instance_id=build.acr_instance_id,
             name=build.registry_namespace,
             auto_create=False,
             default_visibility="PRIVATE",
             opts=child,
         )
-        repo = cr.Repo(
+        repo = cs.RegistryEnterpriseRepo(
             f"{name}-acr-repo",
+            instance_id=build.acr_instance_id,
             name="rdma-device-plugin",
             namespace=namespace.name,
             repo_type="PRIVATE",
             summary="lingjun-rdma device plugin (built by Pulumi from plugin/Dockerfile)",
             opts=child,
         )
-        registry = _registry(build.region)
         image = docker_build.Image(
             f"{name}-image",
             push=True,
@@ -156,25 +166,24 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
         self,
         name: str,
         namespace: str,
-        region: str,
+        registry: pulumi.Output[str],
         username: str,
         password: str,
         opts: pulumi.ResourceOptions,
     ) -> str:
         secret_name = f"{name}-pull"
-        auth = {"auths": {_registry(region): {"username": username, "password": password}}}
+        # secret from the password on: everything derived from it stays secret
+        config = pulumi.Output.all(registry, pulumi.Output.secret(password)).apply(
+            lambda v: json.dumps({"auths": {v[0]: {"username": username, "password": v[1]}}})
+        )
         k8s.core.v1.Secret(
             f"{name}-pull",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=secret_name, namespace=namespace),
             type="kubernetes.io/dockerconfigjson",
-            string_data=pulumi.Output.secret({".dockerconfigjson": json.dumps(auth)}),
+            string_data={".dockerconfigjson": config},
             opts=opts,
         )
         return secret_name
-
-
-def _registry(region: str) -> str:
-    return f"registry.{region}.aliyuncs.com"
 
 
 def plugin_command() -> list[str]:

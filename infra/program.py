@@ -135,8 +135,9 @@ def _plugin_args(cfg: StackConfig) -> DevicePluginArgs:
     build = None
     if cfg.plugin_image_build:
         password = cfg.registry_password
+        assert cfg.acr_instance_id is not None, "config.py requires acrInstanceId"
         build = ImageBuild(
-            region=cfg.region,
+            acr_instance_id=cfg.acr_instance_id,
             registry_namespace=f"{NAME}-{pulumi.get_stack()}",
             username=cfg.registry_username,
             password=password.get_secret_value() if password is not None else None,

@@ -74,6 +74,9 @@ class Registered:
         return self.custom and self.type.startswith("kubernetes:")
 
 
+ACR_INSTANCES = "alicloud:cs/getRegistryEnterpriseInstances:getRegistryEnterpriseInstances"
+
+
 @dataclass
 class RecordingMocks(pulumi.runtime.Mocks):
     """Records every registration; echoes inputs as outputs, plus what a real provider adds."""
@@ -109,6 +112,16 @@ class RecordingMocks(pulumi.runtime.Mocks):
             )
             cluster_id = str(call_args["clusterId"])
             return {"clusterId": cluster_id, "kubeConfig": OFFLINE_KUBECONFIG}, []
+        if args.token == ACR_INSTANCES:
+            call_args = cast(
+                dict[str, Any],
+                args.args,  # pyright: ignore[reportUnknownMemberType]
+            )
+            (instance_id,) = call_args["ids"]
+            # offline stand-in for "<instance name>-registry.<region>.cr.aliyuncs.com"
+            endpoint = f"{instance_id}-registry.cr.aliyuncs.com"
+            instance = {"id": instance_id, "publicEndpoints": [endpoint], "vpcEndpoints": []}
+            return {"ids": [instance_id], "instances": [instance]}, []
         return {}, []
 
 

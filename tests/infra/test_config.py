@@ -196,6 +196,29 @@ def test_plugin_image_and_build_together_are_refused() -> None:
     assert "set together with lingjun-rdma:pluginImageBuild: true; pick one" in message
 
 
+def test_image_build_needs_an_acr_enterprise_instance() -> None:
+    message = _error("prod", acrInstanceId="")
+
+    assert (
+        "lingjun-rdma:acrInstanceId: required with lingjun-rdma:pluginImageBuild: true" in message
+    )
+    assert "pulumi config set lingjun-rdma:acrInstanceId cri-<id>" in message
+
+
+def test_acr_instance_id_must_look_like_one() -> None:
+    message = _error("prod", acrInstanceId="registry.cn-wulanchabu.aliyuncs.com")
+
+    assert "is not an ACR Enterprise Edition instance ID" in message
+
+
+def test_acr_instance_id_without_image_build_is_refused() -> None:
+    message = _error(acrInstanceId="cri-abc123")
+
+    assert (
+        "lingjun-rdma:acrInstanceId: only used with lingjun-rdma:pluginImageBuild: true" in message
+    )
+
+
 def test_registry_username_without_password_is_refused() -> None:
     message = _error("prod", registryUsername="robot")
 

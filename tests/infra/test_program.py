@@ -325,9 +325,19 @@ def test_built_plugin_image_is_pushed_to_acr_and_pinned_by_digest() -> None:
     image = one(result, "docker-build:index:Image")
     container = _daemonset(result)["spec"]["template"]["spec"]["containers"][0]
 
+    namespace = one(result, "alicloud:cs/registryEnterpriseNamespace:RegistryEnterpriseNamespace")
+    repo = one(result, "alicloud:cs/registryEnterpriseRepo:RegistryEnterpriseRepo")
+
     assert image.inputs["push"] is True
     assert image.inputs["dockerfile"]["location"].endswith("plugin/Dockerfile")
-    assert one(result, "alicloud:cr/repo:Repo").inputs["repoType"] == "PRIVATE"
+    # an Enterprise Edition instance: the Personal Edition's cr.* resources are deprecated
+    assert not [r for r in result.resources if r.type.startswith("alicloud:cr/")]
+    assert namespace.inputs["instanceId"] == repo.inputs["instanceId"] == "cri-lingjunrdmaprod"
+    assert repo.inputs["repoType"] == "PRIVATE"
+    # pushed to the instance's own domain, as the provider reports it
+    assert image.inputs["tags"] == [
+        "cri-lingjunrdmaprod-registry.cr.aliyuncs.com/lingjun-rdma-prod/rdma-device-plugin:latest"
+    ]
     assert "@sha256:" in container["image"]
     assert result.outputs["pluginImage"][0] == container["image"]
 
