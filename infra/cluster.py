@@ -13,8 +13,14 @@ from infra.network import Network
 # Created with the cluster because ACK installs them only at creation (or by hand later).
 # The managed `ack-rdma-device-plugin` is deliberately absent: our DaemonSet replaces it, and two
 # plugins registering the same resource name would fight over the kubelet's socket.
-# aliyun-acr-credential-helper lets nodes pull the plugin image we push to ACR without a Secret.
-CLUSTER_ADDONS = ("terway-eniip", "csi-plugin", "csi-provisioner", "aliyun-acr-credential-helper")
+# The ACR credential helper lets nodes pull the plugin image we push to ACR without a Secret; its
+# managed edition is the one ACR's docs recommend for ACK managed clusters (1.22 and later).
+CLUSTER_ADDONS = (
+    "terway-eniip",
+    "csi-plugin",
+    "csi-provisioner",
+    "managed-aliyun-acr-credential-helper",
+)
 
 
 @dataclass(frozen=True)

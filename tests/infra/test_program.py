@@ -170,7 +170,10 @@ def test_cluster_is_ack_pro_small_ipv4_without_ipv6() -> None:
 
     assert ack.inputs["clusterSpec"] == "ack.pro.small"
     assert ack.inputs["ipStack"] == "ipv4"
-    assert "ack-rdma-device-plugin" not in [a["name"] for a in ack.inputs["addons"]]
+    addons = [a["name"] for a in ack.inputs["addons"]]
+    assert "ack-rdma-device-plugin" not in addons  # our DaemonSet replaces it
+    # nodes pull the image we push without a Secret; the managed edition, for managed clusters
+    assert "managed-aliyun-acr-credential-helper" in addons
 
 
 def test_cluster_is_dual_stack_with_ipv6() -> None:
