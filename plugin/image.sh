@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build plugin/Dockerfile as $IMAGE (`make image`). With a running Docker or Podman engine, that
-# engine builds it. Without one, buildah does, daemonless (chroot isolation, vfs storage under
+# engine builds it. Without one, buildah does, daemonless (chroot isolation, overlay storage under
 # $IMAGE_CACHE, layers cached), on a Debian bookworm base made by mmdebstrap: no registry needs
 # to serve debian:bookworm-slim. IMAGE_ARCHIVE=path also writes the image as a docker-archive
 # tar (what `ctr images import` and `docker load` take).
@@ -29,7 +29,8 @@ if ((${#need[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-buildah=(buildah --root "$IMAGE_CACHE/storage" --runroot "$IMAGE_CACHE/run" --storage-driver vfs)
+# overlay, not vfs: vfs stores every layer as a whole copy of the image (~250 MB a step)
+buildah=(buildah --root "$IMAGE_CACHE/overlay" --runroot "$IMAGE_CACHE/run" --storage-driver overlay)
 
 if ! "${buildah[@]}" inspect --type image "$BASE" >/dev/null 2>&1; then
   log "making $BASE with mmdebstrap"
