@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -68,9 +69,14 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
         if args.build is not None:
             # The instance's internet domain ("<instance name>-registry.<region>.cr.aliyuncs.com"):
             # the push runs on the deployer's machine, outside the VPC.
+            instance_id = args.build.acr_instance_id
             registry = cs.get_registry_enterprise_instances_output(
-                ids=[args.build.acr_instance_id], opts=pulumi.InvokeOutputOptions(parent=self)
-            ).instances.apply(lambda found: found[0].public_endpoints[0])
+                ids=[instance_id], opts=pulumi.InvokeOutputOptions(parent=self)
+            ).instances.apply(
+                lambda found: registry_endpoint(
+                    instance_id, found[0].public_endpoints if found else []
+                )
+            )
             self.image = self._build_image(name, args.build, registry, child)
             if args.build.username is not None and args.build.password is not None:
                 secret = self._pull_secret(
@@ -184,6 +190,18 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
             opts=opts,
         )
         return secret_name
+
+
+def registry_endpoint(instance_id: str, endpoints: Sequence[str]) -> str:
+    """The domain to push to; a missing instance (or one without an internet endpoint) is a
+    config error, named as one."""
+    if not endpoints:
+        raise ValueError(
+            f"lingjun-rdma:acrInstanceId: {instance_id!r}: no ACR Enterprise Edition instance "
+            "with an internet endpoint in this region: enable its internet access or "
+            "pulumi config set lingjun-rdma:acrInstanceId <the cri-… ID of one that has it>"
+        )
+    return endpoints[0]
 
 
 def plugin_command() -> list[str]:

@@ -6,6 +6,7 @@ scan it triggers (fail fast); only a scan brings them back (recover on evidence)
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import socket
 import time
@@ -47,12 +48,13 @@ class HealthWatcher:
         # netdevs rtnetlink last reported without carrier; they hold their ports down
         self._no_carrier: frozenset[str] = frozenset()
         self._inventory = Inventory()  # the last scan, as discovery read it
-        self._carrier_lost = False  # a netdev of the last scan lost carrier since
+        self._fail_fast: asyncio.Task[None] | None = None
 
     def scan(self) -> list[policy.PoolView]:
         """One scan, logged and counted; raises DiscoveryError."""
         no_carrier = self._no_carrier  # this thread's snapshot; the loop replaces the set
         self._inventory = self.discovery.scan()
+        self.metrics.last_scan.set(time.time())
         return self._views(without_carrier(self._inventory, no_carrier))
 
     def _views(self, inventory: Inventory) -> list[policy.PoolView]:
@@ -73,11 +75,6 @@ class HealthWatcher:
                 except TimeoutError:
                     trigger = "periodic"
                 self._trigger.clear()
-                if self._carrier_lost:  # from the last scan, on the loop: no sysfs reads
-                    self._carrier_lost = False
-                    await self._publish(
-                        self._views(without_carrier(self._inventory, self._no_carrier))
-                    )
                 self.metrics.scans.labels(trigger).inc()
                 await self.rescan()
         finally:
@@ -95,7 +92,6 @@ class HealthWatcher:
             logger.exception("scan failed; keeping the previous devices")
             return
         if self._no_carrier != no_carrier:  # carrier changed while it ran: its view is stale
-            self._carrier_lost = False
             views = self._views(without_carrier(self._inventory, self._no_carrier))
         await self._publish(views)
 
@@ -111,27 +107,46 @@ class HealthWatcher:
         try:
             while data := sock.recv(65536):
                 if rtnetlink:
-                    self._on_carrier(carrier_changes(data))
+                    self.on_link_message(data)
                 relevant = relevant or b"SUBSYSTEM=infiniband" in data  # uevents: RDMA only
         except BlockingIOError:
             pass
-        except OSError:  # ENOBUFS: link messages were lost; forget them, let scans decide
-            self._no_carrier = frozenset()
+        except OSError as exc:
+            if exc.errno != errno.ENOBUFS:
+                raise
+            # the kernel dropped messages: what they said is unknown, so a scan decides
+            relevant = True
+            self.metrics.errors.labels(kind="netlink_overrun").inc()
+            logger.warning("netlink socket overran (protocol %d); re-scanning", sock.proto)
+            if rtnetlink:
+                self._no_carrier = frozenset()
         if relevant:
             self._trigger.set()
 
-    def _on_carrier(self, changes: dict[str, bool]) -> None:
-        lost = {n for n, carrier in changes.items() if not carrier}
-        no_carrier = (self._no_carrier - changes.keys()) | lost
-        if no_carrier != self._no_carrier:
-            known = {n for h in self._inventory.hcas for n in h.netdevs}
-            self._carrier_lost |= bool((lost - self._no_carrier) & known)
-            self._no_carrier = frozenset(no_carrier)
+    def on_link_message(self, data: bytes) -> None:
+        """An rtnetlink datagram: a netdev of the last scan losing carrier takes its ports
+        down at once, without waiting for a scan (one may be running in its thread)."""
+        changes = carrier_changes(data)
+        down = {n for n, carrier in changes.items() if not carrier}
+        lost = down - self._no_carrier
+        self._no_carrier = frozenset((self._no_carrier - changes.keys()) | down)
+        if lost & {n for h in self._inventory.hcas for n in h.netdevs}:
+            views = self._views(without_carrier(self._inventory, self._no_carrier))
+            # one at a time: a later loss publishes after the earlier one, never before
+            self._fail_fast = asyncio.get_running_loop().create_task(
+                self._publish_after(self._fail_fast, views)
+            )
+
+    async def _publish_after(
+        self, previous: asyncio.Task[None] | None, views: list[policy.PoolView]
+    ) -> None:
+        if previous is not None:
+            await previous
+        await self._publish(views)
 
     def _report(
         self, inventory: Inventory, views: list[policy.PoolView], conflicts: list[str]
     ) -> None:
-        self.metrics.last_scan.set(time.time())
         self.metrics.pool_conflicts.set(len(conflicts))
         for view in views:
             resource = view.pool.resource_name

@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 
 IMAGE=${IMAGE:-lingjun-rdma-plugin:dev}
 IMAGE_CACHE=${IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lingjun-rdma/containers}
-BASE=localhost/lingjun-rdma-base:bookworm
+# Made again each month, and with it every cached layer above it: Debian's updates get in.
+BASE=localhost/lingjun-rdma-base:bookworm-$(date +%Y%m)
 log() { echo "image.sh: $*" >&2; }
 
 for engine in docker podman; do

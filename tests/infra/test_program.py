@@ -10,6 +10,7 @@ from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import get_monitor
 
 from infra.config import SAMPLE_JOBS
+from infra.device_plugin import registry_endpoint
 from infra.jobs import LINGJUN_NCCL_ENV, sample
 from infra.render import SECRET, RunResult, manifests, normalize, run_program, stack_config
 from plugin.config import (
@@ -441,3 +442,9 @@ def test_every_resource_is_a_named_child_of_a_lingjun_component(stack: str) -> N
         else:
             assert parent.startswith("lingjun:"), name
             assert any(name.startswith(f"{c}-") for c in components), name
+
+
+def test_an_acr_instance_without_an_internet_endpoint_is_a_config_error() -> None:
+    with pytest.raises(ValueError, match=r"lingjun-rdma:acrInstanceId: 'cri-x': no ACR Enterprise"):
+        registry_endpoint("cri-x", [])
+    assert registry_endpoint("cri-x", ["a.cr.aliyuncs.com", "b"]) == "a.cr.aliyuncs.com"

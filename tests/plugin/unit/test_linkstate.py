@@ -21,8 +21,9 @@ def attr(kind: int, payload: bytes) -> bytes:
 
 
 def message(kind: int, flags: int, name: str | None, index: int = 7) -> bytes:
-    """One netlink message as the kernel lays it out: nlmsghdr, ifinfomsg, then attributes
-    (an MTU before the name, as the kernel sends it, so the parser must walk to IFLA_IFNAME)."""
+    """One netlink message as the kernel lays it out: nlmsghdr, ifinfomsg, then attributes.
+    The kernel sends IFLA_IFNAME first; an MTU is put before it here so that the parser must
+    walk the attributes rather than rely on that order."""
     body = struct.pack("=BxHiII", 0, 1, index, flags, 0xFFFFFFFF)
     body += attr(4, struct.pack("=I", 1500))  # IFLA_MTU
     if name is not None:

@@ -14,10 +14,16 @@ MIRROR=http://deb.debian.org/debian
 # The guest's userspace: Debian's rdma-core 44 and its pyverbs (REFERENCE §3), the tools the
 # tests and a human debugging the guest need. No python3-grpcio/protobuf: the locked wheels go in.
 PACKAGES=python3,python3-pyverbs,rdma-core,ibverbs-providers,ibverbs-utils,rdmacm-utils,perftest,iproute2,kmod,util-linux,procps
-# What the guest loads, where the kernel has it as a module: rxe needs crc32 (a module up to
-# 6.x, REFERENCE §5; built into 7.x); ipvlan/macvlan for the netns tests.
-MODULES="veth rdma_rxe ib_uverbs rdma_ucm ib_umad crc32_generic ipvlan macvlan"
+# What the guest loads, in this order: rxe needs a crc32 implementation it does not pull in
+# itself (crc32_generic, a module up to 6.x, REFERENCE §5; built in from 7.x, so optional);
+# ipvlan/macvlan for the netns tests.
+OPTIONAL_MODULES="crc32_generic"
+MODULES="veth rdma_rxe ib_uverbs rdma_ucm ib_umad ipvlan macvlan"
 SUITE=${RDMA_VM_KERNEL:-bookworm}
+if ! [[ $SUITE =~ ^[a-z]+(-[a-z]+)*$ ]]; then
+  echo "build.sh: RDMA_VM_KERNEL=$SUITE: give a Debian suite name, e.g. bookworm or forky" >&2
+  exit 2
+fi
 
 log() { echo "build.sh: $*" >&2; }
 
@@ -44,8 +50,13 @@ apt_opts=(-o "Dir::Etc::SourceList=$aptdir/sources.list" -o Dir::Etc::SourcePart
   -o Acquire::IndexTargets::deb::Contents-deb::DefaultEnabled=false)
 if [ -z "$(find "$aptdir/updated" -mmin -1440 2>/dev/null)" ]; then
   log "apt: updating the $SUITE lists"
-  apt-get "${apt_opts[@]}" update -qq
-  touch "$aptdir/updated"
+  if apt-get "${apt_opts[@]}" update -qq; then
+    touch "$aptdir/updated"
+  elif [ -e "$aptdir/updated" ]; then # offline: the lists we have still name a cached image
+    log "apt: update failed; using the lists of $(date -r "$aptdir/updated" +%F)"
+  else
+    exit 1
+  fi
 fi
 # The newest kernel of the suite (linux-image-amd64 depends on it), by exact version.
 kpkg=$(apt-cache "${apt_opts[@]}" depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
@@ -84,19 +95,25 @@ for part in binary modules; do
     debs+=("linux-$part-$kver=$kdeb_version")
   fi
 done
-(cd "$work" && apt-get "${apt_opts[@]}" download -q "${debs[@]}" >/dev/null)
+if ! (cd "$work" && apt-get "${apt_opts[@]}" download -q "${debs[@]}" >/dev/null); then
+  log "$kpkg $kdeb_version is gone from the mirror: update the lists and run again"
+  rm -f "$aptdir/updated"
+  exit 1
+fi
 for deb in "$work"/*.deb; do dpkg-deb -x "$deb" "$work/kernel"; done
 [ -e "$work/kernel/lib" ] || ln -s usr/lib "$work/kernel/lib"
 for vmlinuz in "$work/kernel/boot/vmlinuz-$kver" "$work/kernel/lib/modules/$kver/vmlinuz"; do
   [ ! -f "$vmlinuz" ] || cp "$vmlinuz" "$work/vmlinuz"
 done
+[ -f "$work/vmlinuz" ] || { log "no vmlinuz in the $kpkg packages"; exit 1; }
 depmod -b "$work/kernel" "$kver"
-# The wanted modules this kernel has as modules; the others are built in (or absent: then
-# init's modprobe of what depends on them fails loudly).
 mods_found=()
-for m in $MODULES; do
+for m in $OPTIONAL_MODULES $MODULES; do
   if modprobe -d "$work/kernel" -S "$kver" --show-depends "$m" >/dev/null 2>&1; then
     mods_found+=("$m")
+  elif [[ " $MODULES " == *" $m "* ]]; then
+    log "$kpkg has no module $m"
+    exit 1
   fi
 done
 

@@ -1,0 +1,110 @@
+"""The watcher's fail-fast (plugin/health.py): a carrier loss reaches the servicer while a scan
+is still running in its thread, and the scan's stale view does not undo it. The discovery
+here is a stand-in whose scan can be held; the servicer is the real one."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import threading
+from pathlib import Path
+
+from plugin.config import PluginConfig
+from plugin.discovery.model import CharDevices, Hca, Inventory, Port
+from plugin.health import HealthWatcher
+from plugin.metrics import Metrics
+from plugin.server import DevicePluginServicer
+
+RTM_NEWLINK, IFF_UP, IFF_LOWER_UP = 16, 0x1, 0x10000
+
+
+def link_message(name: str, *, carrier: bool) -> bytes:
+    flags = IFF_UP | (IFF_LOWER_UP if carrier else 0)
+    payload = name.encode() + b"\0"
+    attr = struct.pack("=HH", 4 + len(payload), 3) + payload  # IFLA_IFNAME
+    body = struct.pack("=BxHiII", 0, 1, 2, flags, 0xFFFFFFFF) + attr + b"\0" * (-len(attr) % 4)
+    return struct.pack("=IHHII", 16 + len(body), RTM_NEWLINK, 0, 0, 0) + body
+
+
+class HeldDiscovery:
+    """Every HCA up, as sysfs would say before it notices; `hold` makes the next scan wait."""
+
+    name = "held"
+
+    def __init__(self) -> None:
+        self.hold = False
+        self.scanning = threading.Event()
+        self.release = threading.Event()
+        self.inventory = Inventory(
+            hcas=tuple(
+                Hca(
+                    name=f"mlx5_{i}",
+                    vendor="15b3",
+                    device_id="1017",
+                    driver="mlx5_core",
+                    numa_node=i,
+                    ports=(Port(1, "ACTIVE", "Ethernet", (f"eth{i}",)),),
+                    chardevs=CharDevices(uverbs=f"uverbs{i}"),
+                )
+                for i in (0, 1)
+            ),
+            rdma_cm=True,
+            netns_mode="shared",
+        )
+
+    def scan(self) -> Inventory:
+        if self.hold:
+            self.scanning.set()
+            assert self.release.wait(10), "the test never released the scan"
+        return self.inventory
+
+
+async def wait_until(predicate: object, what: str) -> None:
+    assert callable(predicate)
+    for _ in range(200):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not within 2 s: {what}")
+
+
+def health(servicer: DevicePluginServicer) -> set[bool]:
+    return {d.healthy for d in servicer.view.devices}
+
+
+async def test_carrier_loss_is_published_while_a_scan_runs_and_the_scan_keeps_it() -> None:
+    discovery = HeldDiscovery()
+    metrics = Metrics()
+    watcher = HealthWatcher(discovery, PluginConfig(), metrics, interval=600)
+    (view,) = watcher.scan()
+    servicer = DevicePluginServicer(view, Path("/dev"), metrics)
+    watcher.servicers[view.pool.name] = servicer
+    assert health(servicer) == {True}
+
+    discovery.hold = True
+    rescan = asyncio.create_task(watcher.rescan())
+    await asyncio.to_thread(discovery.scanning.wait, 10)
+    # both ports' netdevs lose carrier (a shared pool stays up while one HCA is)
+    watcher.on_link_message(link_message("eth0", carrier=False))
+    watcher.on_link_message(link_message("eth1", carrier=False))
+
+    await wait_until(lambda: health(servicer) == {False}, "Unhealthy while the scan is held")
+    assert not rescan.done()
+    discovery.release.set()
+    await rescan  # its view says ACTIVE, read before the loss: it must not heal
+    assert health(servicer) == {False}
+
+    watcher.on_link_message(link_message("eth0", carrier=True))
+    await watcher.rescan()  # carrier back: only a scan heals
+    assert health(servicer) == {True}
+
+
+async def test_a_repeated_loss_keeps_the_netdev_held() -> None:
+    discovery = HeldDiscovery()
+    watcher = HealthWatcher(discovery, PluginConfig(), Metrics(), interval=600)
+    watcher.scan()
+    for _ in range(2):  # the kernel sends a NEWLINK per change: down, then e.g. an MTU change
+        watcher.on_link_message(link_message("eth0", carrier=False))
+        watcher.on_link_message(link_message("eth1", carrier=False))
+    (view,) = watcher.scan()
+    assert {d.healthy for d in view.devices} == {False}
