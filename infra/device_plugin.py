@@ -12,6 +12,7 @@ import pulumi_docker_build as docker_build
 import pulumi_kubernetes as k8s
 
 from infra.alicloud import cs
+from infra.config import StackConfigError
 from plugin.config import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_DEVICE_PLUGIN_DIR,
@@ -196,7 +197,7 @@ def registry_endpoint(instance_id: str, endpoints: Sequence[str]) -> str:
     """The domain to push to; a missing instance (or one without an internet endpoint) is a
     config error, named as one."""
     if not endpoints:
-        raise ValueError(
+        raise StackConfigError(
             f"lingjun-rdma:acrInstanceId: {instance_id!r}: no ACR Enterprise Edition instance "
             "with an internet endpoint in this region: enable its internet access or "
             "pulumi config set lingjun-rdma:acrInstanceId <the cri-… ID of one that has it>"

@@ -9,7 +9,7 @@ import yaml
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import get_monitor
 
-from infra.config import SAMPLE_JOBS
+from infra.config import SAMPLE_JOBS, StackConfigError
 from infra.device_plugin import registry_endpoint
 from infra.jobs import LINGJUN_NCCL_ENV, sample
 from infra.render import SECRET, RunResult, manifests, normalize, run_program, stack_config
@@ -445,6 +445,6 @@ def test_every_resource_is_a_named_child_of_a_lingjun_component(stack: str) -> N
 
 
 def test_an_acr_instance_without_an_internet_endpoint_is_a_config_error() -> None:
-    with pytest.raises(ValueError, match=r"lingjun-rdma:acrInstanceId: 'cri-x': no ACR Enterprise"):
+    with pytest.raises(StackConfigError, match=r"acrInstanceId: 'cri-x': no ACR Enterprise"):
         registry_endpoint("cri-x", [])
     assert registry_endpoint("cri-x", ["a.cr.aliyuncs.com", "b"]) == "a.cr.aliyuncs.com"
