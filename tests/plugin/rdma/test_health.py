@@ -15,7 +15,7 @@ import pytest
 
 from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.rdma.conftest import EXCLUSIVE_RXE, FIGURES, VerbsPlugin, registered
-from tests.plugin.rdma.guest import RXE0, SYS, run
+from tests.plugin.rdma.guest import RXE0, RXE1, SYS, run
 
 pytestmark = pytest.mark.rdma
 
@@ -58,8 +58,12 @@ async def test_link_and_rdma_link_changes_reach_the_stream_without_a_restart(
 
     run("ip", "link", "set", RXE0.netdev, "down")
     await wait(kubelet, "rxe0 Unhealthy", lambda: health(kubelet).get("rxe0") == "Unhealthy")
+    first = dict(health(kubelet))
+    # its veth peer loses carrier with it: rxe1 follows, from its own link message
+    await wait(kubelet, "rxe1 Unhealthy", lambda: health(kubelet).get("rxe1") == "Unhealthy")
     FIGURES.append(
-        f"health: {RXE0.netdev} down -> {health(kubelet)} (rxe1's veth peer lost carrier)"
+        f"health: {RXE0.netdev} down -> first update {first}, then rxe1 Unhealthy too "
+        f"({RXE1.netdev} lost carrier)"
     )
     run("ip", "link", "set", RXE0.netdev, "up")
     await wait(kubelet, "both Healthy", lambda: set(health(kubelet).values()) == {"Healthy"})
