@@ -44,7 +44,8 @@ proto: setup ## Regenerate the committed device plugin API stubs
 	  plugin/api/v1beta1/api.proto
 
 bench: setup ## Benchmarks: print figures (never asserted)
-	$(PY) -m benchmarks.plugin_bench
+	# set before grpc loads: its C core logs every GOAWAY of the kubelet-restart figure otherwise
+	GRPC_VERBOSITY=NONE $(PY) -m benchmarks.plugin_bench
 	$(PY) -m benchmarks.infra_bench
 
 test-rdma: setup ## Real verbs in a Soft-RoCE qemu VM (image cached in ~/.cache/lingjun-rdma/vm); RDMA_VM_KERNEL=forky for a 7.x kernel

@@ -267,5 +267,4 @@ def best_of(fn: Callable[[], object], reps: int = 15) -> float:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     asyncio.run(Bench().run())
