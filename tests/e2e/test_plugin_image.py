@@ -1,10 +1,13 @@
 """10: the plugin as it ships. The image built from plugin/Dockerfile (`make image`) runs as the
 pod the DaemonSet controller would make from the rendered local stack, on the real kubelet,
-under the rendered security context: not privileged, no capability, read-only root."""
+under the rendered security context (not privileged, no capability, read-only root), and a pod
+asking for an HCA gets its device nodes from it."""
 
 from __future__ import annotations
 
 import copy
+import os
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +20,7 @@ from tests.e2e.cluster import NODE, Cluster
 from tests.e2e.kube import Api, allocatable_ids, pod_gone
 from tests.e2e.node import REPO, Plugin
 from tests.e2e.procs import eventually
-from tests.e2e.scenario import container_id, wait_allocatable
+from tests.e2e.scenario import container_id, hex_numbers, run_listing_pod, wait_allocatable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -69,17 +72,38 @@ def lingjun_node(cluster: Cluster) -> Iterator[None]:
     kubectl(cluster, "label", "node", NODE, f"{LINGJUN_LABEL}-")
 
 
+@pytest.fixture
+def host_infiniband(session_plugin: Plugin) -> Iterator[Path]:
+    """The fixture node's RDMA char devices at the host's own /dev/infiniband, where the
+    rendered DaemonSet mounts them from and where containerd finds what Allocate names."""
+    host = Path("/dev/infiniband")
+    wanted = session_plugin.dev_numbers
+    if host.exists():  # only a run killed before its cleanup leaves exactly these
+        rdev = {p.name: p.stat().st_rdev for p in host.iterdir()}
+        found = {n: (os.major(r), os.minor(r)) for n, r in rdev.items()}
+        assert found == wanted, f"{host} exists on this machine ({found}): not ours to replace"
+    host.mkdir(exist_ok=True)
+    for name, (major, minor) in wanted.items():
+        node = host / name
+        if not node.exists():
+            os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            os.chmod(node, 0o666)
+    yield host
+    for name in wanted:
+        (host / name).unlink(missing_ok=True)
+    host.rmdir()
+
+
 def daemon_pod(daemonset: dict[str, Any], plugin: Plugin) -> dict[str, Any]:
     """The pod the DaemonSet controller would create on this node (no controller runs here),
-    with the node's /sys and /dev/infiniband being the fixture's: this machine has no HCA."""
+    with the node's /sys being the fixture's: this machine has no HCA."""
     template = copy.deepcopy(daemonset["spec"]["template"])
     spec = template["spec"]
     spec["nodeName"] = NODE
-    fixture = {"sys": plugin.tree.sys, "infiniband": plugin.tree.dev / "infiniband"}
-    for volume in spec["volumes"]:
-        if volume["name"] in fixture:
-            volume["hostPath"]["path"] = str(fixture.pop(volume["name"]))
-    assert not fixture, f"the rendered DaemonSet no longer mounts {sorted(fixture)}"
+    (sys_volume,) = [v for v in spec["volumes"] if v["name"] == "sys"]
+    sys_volume["hostPath"]["path"] = str(plugin.tree.sys)
+    (dev_volume,) = [v for v in spec["volumes"] if v["name"] == "infiniband"]
+    assert dev_volume["hostPath"]["path"] == "/dev/infiniband"
     name = f"{daemonset['metadata']['name']}-{NODE}"
     namespace = daemonset["metadata"]["namespace"]
     metadata = {**template["metadata"], "name": name, "namespace": namespace}
@@ -99,12 +123,13 @@ def root_mount_options(pid: int) -> list[str]:
     raise AssertionError(f"no / in /proc/{pid}/mountinfo")
 
 
-@pytest.mark.usefixtures("lingjun_node")
-def test_the_image_runs_as_the_rendered_daemonset_pod_unprivileged_and_registers(
+@pytest.mark.usefixtures("lingjun_node", "host_infiniband")
+def test_the_image_runs_as_the_rendered_daemonset_pod_unprivileged_and_serves_pods(
     api: Api,
     cluster: Cluster,
     session_plugin: Plugin,
     rendered: dict[str, list[dict[str, Any]]],
+    pods: list[str],
 ) -> None:
     session_plugin.stop()  # the host-process plugin of the other scenarios
     # its devices gone first: the 1k below can only come from the containerized plugin
@@ -145,6 +170,12 @@ def test_the_image_runs_as_the_rendered_daemonset_pod_unprivileged_and_registers
         (container,) = api.pod(name, ns)["status"]["containerStatuses"]
         assert container["image"] == IMAGE
         assert "registered" in api.pod_log(name, ns)
+
+        # A pod asking one HCA gets its device nodes from this plugin's Allocate.
+        seen, hcas = run_listing_pod(api, pods, "rdma-via-image")
+        everything = ["rdma_cm", "umad0", "umad1", "uverbs0", "uverbs1"]
+        assert seen == hex_numbers(session_plugin, everything)
+        assert hcas == "mlx5_0,mlx5_1"
     finally:
         api.delete_pod(name, ns)
         eventually(lambda: pod_gone(api, name, ns), 60, f"pod {name} deleted")
