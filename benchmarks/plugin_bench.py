@@ -73,7 +73,9 @@ class Bench:
 
     async def start_plugin(self) -> tuple[PluginProcess, float]:
         """Start -> first ListAndWatch at the peer; at info, the DaemonSet's log level."""
-        plugin = PluginProcess(self.tmp, self.tree, self.dir, log_level="info")
+        plugin = PluginProcess(
+            self.tmp, self.dir, sysfs=self.tree.sys, dev=self.tree.dev, log_level="info"
+        )
         before = len(self.peer.registrations)
         t0 = time.perf_counter()
         await plugin.start()
@@ -162,7 +164,14 @@ class Bench:
             print("P2 carrier loss: not measured (needs root for ip netns)")
             return
         with veth_netns(f"ljb-{os.getpid()}") as netns:
-            plugin = PluginProcess(self.tmp, self.tree, self.dir, log_level="info", netns=netns)
+            plugin = PluginProcess(
+                self.tmp,
+                self.dir,
+                sysfs=self.tree.sys,
+                dev=self.tree.dev,
+                log_level="info",
+                netns=netns,
+            )
             before = len(self.peer.registrations)
             await plugin.start(None, "--rescan-interval", "600")
             try:

@@ -1,4 +1,4 @@
-"""The plugin as a subprocess from its CLI, on a fixture tree (tests and benchmarks)."""
+"""The plugin as a subprocess from its CLI (integration, VM and benchmark levels)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import signal
 import socket
 import sys
 from pathlib import Path
-
-from tests.plugin.sysfs_tree import SysfsTree
 
 
 def plugin_argv(
@@ -43,20 +41,26 @@ def free_port() -> int:
 
 
 class PluginProcess:
-    """`python -m plugin …` with flags pointing at a fixture tree and a temp plugin dir."""
+    """`python -m plugin …` on a sysfs and dev root (a fixture tree's, or the VM's own) with a
+    temp plugin dir and a metrics port of its own."""
 
     def __init__(
         self,
         root: Path,
-        tree: SysfsTree,
         plugin_dir: Path,
+        *,
+        sysfs: Path,
+        dev: Path,
+        discovery: str = "sysfs",
         log_level: str = "debug",
         netns: str | None = None,
     ) -> None:
         self.root = root
-        self.log_level = log_level
-        self.tree = tree
         self.plugin_dir = plugin_dir
+        self.sysfs = sysfs
+        self.dev = dev
+        self.discovery = discovery
+        self.log_level = log_level
         self.netns = netns  # run inside this network namespace (`ip netns exec` execs it)
         self.metrics_port = free_port()
         self.log = root / "plugin.log"
@@ -66,9 +70,10 @@ class PluginProcess:
         return [
             *(("ip", "netns", "exec", self.netns) if self.netns else ()),
             *plugin_argv(
-                sysfs=self.tree.sys,
-                dev=self.tree.dev,
+                sysfs=self.sysfs,
+                dev=self.dev,
                 plugin_dir=self.plugin_dir,
+                discovery=self.discovery,
                 metrics_address=f"127.0.0.1:{self.metrics_port}",
                 log_level=self.log_level,
                 config=config,
@@ -87,6 +92,9 @@ class PluginProcess:
         if self.proc.returncode is None:
             self.proc.send_signal(sig)
         return await asyncio.wait_for(self.proc.wait(), 10)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
 
     async def wait(self) -> int:
         assert self.proc is not None

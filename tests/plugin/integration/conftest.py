@@ -20,7 +20,7 @@ def tree(short_tmp: Path) -> SysfsTree:
 async def plugin(
     short_tmp: Path, tree: SysfsTree, plugin_dir: Path
 ) -> AsyncIterator[PluginProcess]:
-    proc = PluginProcess(short_tmp, tree, plugin_dir)
+    proc = PluginProcess(short_tmp, plugin_dir, sysfs=tree.sys, dev=tree.dev)
     yield proc
     if proc.proc is not None and proc.proc.returncode is None:
         proc.proc.kill()

@@ -29,7 +29,7 @@ def netns() -> Iterator[str]:
 async def plugin_in_netns(
     short_tmp: Path, tree: SysfsTree, plugin_dir: Path, netns: str
 ) -> AsyncIterator[PluginProcess]:
-    proc = PluginProcess(short_tmp, tree, plugin_dir, netns=netns)
+    proc = PluginProcess(short_tmp, plugin_dir, sysfs=tree.sys, dev=tree.dev, netns=netns)
     yield proc
     if proc.proc is not None and proc.proc.returncode is None:
         proc.proc.kill()
@@ -42,7 +42,7 @@ def health(kubelet: KubeletPeer) -> set[str]:
 
 
 async def test_carrier_loss_makes_ids_unhealthy_before_sysfs_says_so(
-    kubelet: KubeletPeer, plugin_in_netns: PluginProcess, netns: str
+    kubelet: KubeletPeer, plugin_in_netns: PluginProcess, netns: str, tree: SysfsTree
 ) -> None:
     # No periodic scan in the way: every change below comes from a link message.
     await plugin_in_netns.start(None, "--rescan-interval", "600")
@@ -51,13 +51,9 @@ async def test_carrier_loss_makes_ids_unhealthy_before_sysfs_says_so(
 
     ip("-n", netns, "link", "set", "eth0", "down")  # eth0 down, eth1 loses its carrier
     await kubelet.wait_for(lambda: health(kubelet) == {"Unhealthy"})
-    assert (
-        plugin_in_netns.tree.port_dir("mlx5_0")
-        .joinpath("state")
-        .read_text()
-        .strip()
-        .endswith("ACTIVE")
-    ), "the fixture still says ACTIVE: the plugin went by the link message"
+    assert tree.port_dir("mlx5_0").joinpath("state").read_text().strip().endswith("ACTIVE"), (
+        "the fixture still says ACTIVE: the plugin went by the link message"
+    )
 
     ip("-n", netns, "link", "set", "eth0", "up")  # carrier back: the scan it triggers heals
     await kubelet.wait_for(lambda: health(kubelet) == {"Healthy"})

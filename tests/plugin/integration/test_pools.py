@@ -8,7 +8,7 @@ import socket
 from plugin.api.v1beta1 import api_pb2
 from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.plugin_process import PluginProcess
-from tests.plugin.sysfs_tree import PortSpec
+from tests.plugin.sysfs_tree import PortSpec, SysfsTree
 
 EXCLUSIVE = """
 version: v1
@@ -30,12 +30,12 @@ async def test_exclusive_pool_has_one_id_per_hca_with_its_numa_node(
 
 
 async def test_exclusive_port_down_marks_only_that_hca(
-    kubelet: KubeletPeer, plugin: PluginProcess
+    kubelet: KubeletPeer, plugin: PluginProcess, tree: SysfsTree
 ) -> None:
     await plugin.start(plugin.write_config(EXCLUSIVE))
     await kubelet.wait_registrations(1)
 
-    plugin.tree.set_port("mlx5_0", 1, "DOWN")
+    tree.set_port("mlx5_0", 1, "DOWN")
 
     await kubelet.wait_for(
         lambda: (
@@ -46,10 +46,10 @@ async def test_exclusive_port_down_marks_only_that_hca(
 
 
 async def test_preferred_allocation_packs_on_the_numa_node_of_must_include(
-    kubelet: KubeletPeer, plugin: PluginProcess
+    kubelet: KubeletPeer, plugin: PluginProcess, tree: SysfsTree
 ) -> None:
     for i, numa in ((2, 0), (3, 1)):
-        plugin.tree.add_pci_hca(
+        tree.add_pci_hca(
             f"mlx5_{i}",
             pci=f"0000:{0x10 + i:02x}:00.0",
             numa=numa,
@@ -73,9 +73,8 @@ async def test_preferred_allocation_packs_on_the_numa_node_of_must_include(
 
 
 async def test_registers_with_zero_devices_and_picks_up_a_hotplugged_hca(
-    kubelet: KubeletPeer, plugin: PluginProcess
+    kubelet: KubeletPeer, plugin: PluginProcess, tree: SysfsTree
 ) -> None:
-    tree = plugin.tree
     for name in ("mlx5_0", "mlx5_1"):  # driver not loaded yet: no ibdevs at all
         (tree.sys / "class" / "infiniband" / name).unlink()
     await plugin.start()
@@ -89,12 +88,12 @@ async def test_registers_with_zero_devices_and_picks_up_a_hotplugged_hca(
 
 
 async def test_missing_uverbs_node_makes_the_hca_unhealthy(
-    kubelet: KubeletPeer, plugin: PluginProcess
+    kubelet: KubeletPeer, plugin: PluginProcess, tree: SysfsTree
 ) -> None:
     await plugin.start(plugin.write_config(EXCLUSIVE))
     await kubelet.wait_registrations(1)
 
-    plugin.tree.remove_device_node("uverbs1")
+    tree.remove_device_node("uverbs1")
 
     await kubelet.wait_for(
         lambda: (

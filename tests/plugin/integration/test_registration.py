@@ -13,6 +13,7 @@ import pytest
 from plugin.api.v1beta1 import api_pb2
 from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.plugin_process import PluginProcess
+from tests.plugin.sysfs_tree import SysfsTree
 
 SOCKET = "lingjun-rdma-rdma_hca.sock"
 
@@ -41,7 +42,7 @@ async def test_registers_1000_healthy_ids_with_numa_topology(
 
 
 async def test_allocate_returns_every_hca_char_device(
-    kubelet: KubeletPeer, plugin: PluginProcess
+    kubelet: KubeletPeer, plugin: PluginProcess, tree: SysfsTree
 ) -> None:
     await plugin.start()
     reg = await kubelet.wait_registrations(1)
@@ -53,7 +54,7 @@ async def test_allocate_returns_every_hca_char_device(
     )
 
     (container,) = response.container_responses
-    dev = plugin.tree.dev / "infiniband"
+    dev = tree.dev / "infiniband"
     assert [(s.container_path, s.host_path, s.permissions) for s in container.devices] == [
         (f"/dev/infiniband/{n}", str(dev / n), "rw")
         for n in ("rdma_cm", "uverbs0", "umad0", "uverbs1", "umad1")
@@ -79,11 +80,10 @@ async def test_unknown_id_gets_an_error_naming_it(
 
 
 async def test_port_down_makes_ids_unhealthy_and_up_heals_them(
-    kubelet: KubeletPeer, plugin: PluginProcess
+    kubelet: KubeletPeer, plugin: PluginProcess, tree: SysfsTree
 ) -> None:
     await plugin.start()
     await kubelet.wait_registrations(1)
-    tree = plugin.tree
 
     tree.set_port("mlx5_0", 1, "DOWN")
     await asyncio.sleep(0.5)
@@ -97,12 +97,12 @@ async def test_port_down_makes_ids_unhealthy_and_up_heals_them(
 
 
 async def test_unhealthy_id_is_refused_with_the_reason(
-    kubelet: KubeletPeer, plugin: PluginProcess
+    kubelet: KubeletPeer, plugin: PluginProcess, tree: SysfsTree
 ) -> None:
     await plugin.start()
     reg = await kubelet.wait_registrations(1)
     for hca in ("mlx5_0", "mlx5_1"):
-        plugin.tree.set_port(hca, 1, "DOWN")
+        tree.set_port(hca, 1, "DOWN")
     await kubelet.wait_for(lambda: all(d.health == "Unhealthy" for d in kubelet.devices()))
 
     with pytest.raises(grpc.aio.AioRpcError) as err:

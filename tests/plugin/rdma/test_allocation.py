@@ -13,7 +13,8 @@ import pytest
 
 from plugin.api.v1beta1 import api_pb2
 from tests.plugin.kubelet_peer import KubeletPeer, Registration
-from tests.plugin.rdma.conftest import EXCLUSIVE_RXE, VerbsPlugin, registered
+from tests.plugin.plugin_process import PluginProcess
+from tests.plugin.rdma.conftest import EXCLUSIVE_RXE, registered
 from tests.plugin.rdma.guest import RXE0, RXE1, SYS, gid_index, transfer_command
 
 pytestmark = pytest.mark.rdma
@@ -66,7 +67,7 @@ async def in_container(container: api_pb2.ContainerAllocateResponse, *command: s
 
 
 async def test_registers_lists_ids_and_allocate_returns_the_rxe_device_nodes(
-    kubelet: KubeletPeer, plugin: VerbsPlugin
+    kubelet: KubeletPeer, plugin: PluginProcess
 ) -> None:
     reg = await registered(kubelet, plugin)
 
@@ -89,9 +90,9 @@ async def test_registers_lists_ids_and_allocate_returns_the_rxe_device_nodes(
 
 
 async def test_auto_discovery_picks_verbs_where_devices_open(
-    kubelet: KubeletPeer, plugin: VerbsPlugin
+    kubelet: KubeletPeer, plugin: PluginProcess
 ) -> None:
-    await plugin.start(discovery="auto")
+    await plugin.start(None, "--discovery", "auto", "--rescan-interval", "5")
 
     await kubelet.wait_registrations(1, limit=120)
 
@@ -100,7 +101,7 @@ async def test_auto_discovery_picks_verbs_where_devices_open(
 
 @pytest.mark.parametrize("family", ["ipv4", "ipv6"])
 async def test_allocated_nodes_alone_carry_rdma_write_and_send_in_a_mount_namespace(
-    kubelet: KubeletPeer, plugin: VerbsPlugin, family: str
+    kubelet: KubeletPeer, plugin: PluginProcess, family: str
 ) -> None:
     reg = await registered(kubelet, plugin)
     container = await allocate(reg, kubelet.devices()[0].ID)
@@ -116,7 +117,7 @@ async def test_allocated_nodes_alone_carry_rdma_write_and_send_in_a_mount_namesp
 
 
 async def test_a_device_not_allocated_is_out_of_reach_in_the_mount_namespace(
-    kubelet: KubeletPeer, plugin: VerbsPlugin
+    kubelet: KubeletPeer, plugin: PluginProcess
 ) -> None:
     reg = await registered(kubelet, plugin, "rdma/rxe", EXCLUSIVE_RXE)
     assert sorted(d.ID for d in kubelet.devices("rdma/rxe")) == ["rxe0", "rxe1"]

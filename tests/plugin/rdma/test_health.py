@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.plugin.kubelet_peer import KubeletPeer
-from tests.plugin.rdma.conftest import EXCLUSIVE_RXE, FIGURES, VerbsPlugin, registered
+from tests.plugin.plugin_process import PluginProcess
+from tests.plugin.rdma.conftest import EXCLUSIVE_RXE, FIGURES, registered
 from tests.plugin.rdma.guest import RXE0, RXE1, SYS, run
 
 pytestmark = pytest.mark.rdma
@@ -49,7 +50,7 @@ async def wait(
 
 @pytest.mark.usefixtures("restore_rxe0")
 async def test_link_and_rdma_link_changes_reach_the_stream_without_a_restart(
-    kubelet: KubeletPeer, plugin: VerbsPlugin
+    kubelet: KubeletPeer, plugin: PluginProcess
 ) -> None:
     # No periodic re-scan within the test: every change must arrive as a kernel event
     # (rtnetlink for the link, a uevent for the rdma link).
@@ -94,7 +95,7 @@ def percentile(samples: list[float], p: float) -> float:
 @pytest.mark.usefixtures("restore_rxe0")
 @pytest.mark.timeout(600)
 async def test_measures_link_down_to_update_at_the_peer(
-    kubelet: KubeletPeer, plugin: VerbsPlugin
+    kubelet: KubeletPeer, plugin: PluginProcess
 ) -> None:
     # A periodic re-scan far beyond the figures: every update measured came from a netlink event.
     reg = await registered(kubelet, plugin, RESOURCE, EXCLUSIVE_RXE, rescan_interval=120.0)
