@@ -55,9 +55,11 @@ class HealthWatcher:
         no_carrier = self._no_carrier  # this thread's snapshot; the loop replaces the set
         self._inventory = self.discovery.scan()
         self.metrics.last_scan.set(time.time())
-        return self._views(without_carrier(self._inventory, no_carrier))
+        return self._views(no_carrier)
 
-    def _views(self, inventory: Inventory) -> list[policy.PoolView]:
+    def _views(self, no_carrier: frozenset[str]) -> list[policy.PoolView]:
+        """The last scan's inventory with `no_carrier`'s ports held down, as pool views."""
+        inventory = without_carrier(self._inventory, no_carrier)
         views, conflicts = policy.assign(self.config, inventory)
         self._report(inventory, views, conflicts)
         return views
@@ -92,7 +94,7 @@ class HealthWatcher:
             logger.exception("scan failed; keeping the previous devices")
             return
         if self._no_carrier != no_carrier:  # carrier changed while it ran: its view is stale
-            views = self._views(without_carrier(self._inventory, self._no_carrier))
+            views = self._views(self._no_carrier)
         await self._publish(views)
 
     async def _publish(self, views: list[policy.PoolView]) -> None:
@@ -131,7 +133,7 @@ class HealthWatcher:
         lost = down - self._no_carrier
         self._no_carrier = frozenset((self._no_carrier - changes.keys()) | down)
         if lost & {n for h in self._inventory.hcas for n in h.netdevs}:
-            views = self._views(without_carrier(self._inventory, self._no_carrier))
+            views = self._views(self._no_carrier)
             # one at a time: a later loss publishes after the earlier one, never before
             self._fail_fast = asyncio.get_running_loop().create_task(
                 self._publish_after(self._fail_fast, views)
