@@ -94,7 +94,7 @@ class Cluster(pulumi.ComponentResource):
         self.cluster_id = ack.id
         self.node_pool_id = pool.id
         self.kubeconfig = _credential(ack.id, self)
-        self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, opts=child)
+        self.provider = kubernetes_provider(f"{name}-k8s", self.kubeconfig, self)
         self.register_outputs(
             {
                 "cluster_id": self.cluster_id,
@@ -161,10 +161,23 @@ class ExistingCluster(pulumi.ComponentResource):
         else:
             assert cluster_id is not None, "config.py refuses existing mode without either"
             self.kubeconfig = _credential(pulumi.Output.from_input(cluster_id), self)
-        self.provider = k8s.Provider(
-            f"{name}-k8s", kubeconfig=self.kubeconfig, opts=pulumi.ResourceOptions(parent=self)
-        )
+        self.provider = kubernetes_provider(f"{name}-k8s", self.kubeconfig, self)
         self.register_outputs({"kubeconfig": self.kubeconfig})
+
+
+def kubernetes_provider(
+    name: str, kubeconfig: pulumi.Output[str], parent: pulumi.Resource
+) -> k8s.Provider:
+    """The provider of every Kubernetes object of the stack."""
+    return k8s.Provider(
+        name,
+        kubeconfig=kubeconfig,
+        # Without it a ConfigMap whose data changes is replaced, and so is everything that
+        # names it: the plugin's DaemonSet would be deleted and recreated (every node losing
+        # its plugin at once) instead of rolling one node at a time.
+        enable_config_map_mutable=True,
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
 
 
 def _credential(cluster_id: pulumi.Output[str], parent: pulumi.Resource) -> pulumi.Output[str]:

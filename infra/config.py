@@ -5,9 +5,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Mapping, Set
+from typing import Any, Literal, cast
 
+import yaml
+from pulumi.runtime import is_config_secret
 from pulumi.runtime.config import CONFIG, get_config_env
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 from pydantic.alias_generators import to_camel
@@ -66,9 +68,8 @@ class StackConfig(BaseModel):
     lingjun_hpn_zone: str | None = None
     lingjun_node_count: int
     non_host_network: bool
-    # The plugin's own defaults (plugin/config.py), not repeated in Pulumi.yaml.
-    rdma_resource_name: str = DEFAULT_RESOURCE_NAME
-    rdma_max_allocations: int = DEFAULT_MAX_ALLOCATIONS
+    rdma_resource_name: str
+    rdma_max_allocations: int
     rdma_pool_mode: Literal["shared", "exclusive"]
     namespace: str
     plugin_image: str | None = None
@@ -81,6 +82,7 @@ class StackConfig(BaseModel):
     perftest_image: str | None = None
     nccl_tests_image: str | None = None
     job_await_timeout: str | None = None
+    plugin_await_timeout: str
 
     @property
     def creates_cluster(self) -> bool:
@@ -91,6 +93,13 @@ class StackConfig(BaseModel):
         """No existing Lingjun node group given: the program creates the eflo cluster and group."""
         return self.creates_cluster and self.lingjun_node_group_id is None
 
+    @property
+    def job_deadline_seconds(self) -> int | None:
+        """jobAwaitTimeout in seconds: the sample Jobs' activeDeadlineSeconds."""
+        if self.job_await_timeout is None:
+            return None
+        return duration_seconds(self.job_await_timeout)
+
     def sample_image(self, job: str) -> str | None:
         return {
             "hps-benchmark": self.hps_benchmark_image,
@@ -99,8 +108,21 @@ class StackConfig(BaseModel):
         }[job]
 
 
-# A Go duration as Pulumi's custom timeouts take it (whole units are all a Job needs).
-_DURATION = re.compile(r"^[1-9][0-9]*(s|m|h)$")
+# A duration in one whole unit: what Pulumi's custom timeouts and activeDeadlineSeconds share.
+_DURATION = re.compile(r"^([1-9][0-9]*)(s|m|h)$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
+# Values that carry a credential: stored as Pulumi secrets or refused.
+CREDENTIAL_KEYS = ("kubeconfig", "registryPassword")
+
+
+def duration_seconds(duration: str) -> int:
+    """Seconds in a duration that config validation accepted (`30m` -> 1800)."""
+    match = _DURATION.match(duration)
+    if match is None:
+        raise ValueError(f"not a duration: {duration!r}")
+    return int(match[1]) * _UNIT_SECONDS[match[2]]
+
+
 _LIST_KEYS = {"zoneIds", "vswitchCidrs", "sampleJobs"}
 _KNOWN_KEYS = {f.alias or to_camel(n) for n, f in StackConfig.model_fields.items()}
 
@@ -131,13 +153,17 @@ def load() -> StackConfig:
         for k, v in merged.items()
         if k.startswith(prefix) and v is not None and str(v) != ""
     }
-    return parse(raw)
+    secret = {k for k in CREDENTIAL_KEYS if is_config_secret(_key(k))}
+    return parse(raw, secret)
 
 
-def parse(raw: Mapping[str, str]) -> StackConfig:
-    """Validate raw strings (as Pulumi stores them) into the model, or raise with every fix."""
+def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig:
+    """Validate raw strings (as Pulumi stores them) into the model, or raise with every fix.
+
+    `secret`: the keys whose value the stack stores encrypted (`pulumi config set --secret`).
+    """
     values: dict[str, Any] = {}
-    problems: list[str] = []
+    problems = _check_plaintext_credentials(raw, secret)
     for key, value in raw.items():
         if key in _LIST_KEYS:
             try:
@@ -158,6 +184,43 @@ def parse(raw: Mapping[str, str]) -> StackConfig:
     return model
 
 
+def _check_plaintext_credentials(raw: Mapping[str, str], secret: Set[str]) -> list[str]:
+    """A credential stored in plain text in a stack file is refused. Pulumi.yaml cannot say
+    `secret: true` for these keys: the CLI then requires them on every stack."""
+    problems: list[str] = []
+    password = raw.get("registryPassword")
+    if password is not None and "registryPassword" not in secret:
+        problems.append(
+            f"{_key('registryPassword')}: stored in plain text: set it as a secret "
+            f"(pulumi config set --secret {_key('registryPassword')} <password>)"
+        )
+    kubeconfig = raw.get("kubeconfig")
+    if kubeconfig is not None and "kubeconfig" not in secret and _has_credential(kubeconfig):
+        problems.append(
+            f"{_key('kubeconfig')}: holds a credential (token, key or password) in plain text: "
+            f"set it as a secret (pulumi config set --secret {_key('kubeconfig')} "
+            "< ~/.kube/config)"
+        )
+    return problems
+
+
+def _has_credential(kubeconfig: str) -> bool:
+    """True when a user entry carries a secret inline (not a file path to one)."""
+    try:
+        doc: Any = yaml.safe_load(kubeconfig)
+    except yaml.YAMLError:
+        return True  # unreadable here: treat it as one, the secret path is always safe
+    users: Any = cast(dict[str, Any], doc).get("users") if isinstance(doc, dict) else None
+    for entry in cast(list[Any], users) if isinstance(users, list) else []:
+        user: Any = cast(dict[str, Any], entry).get("user") if isinstance(entry, dict) else None
+        if isinstance(user, dict) and _INLINE_CREDENTIALS & set(cast(dict[str, Any], user)):
+            return True
+    return False
+
+
+_INLINE_CREDENTIALS = {"token", "client-key-data", "password"}
+
+
 def _describe(error: Any) -> str:
     loc = error["loc"]
     key = str(loc[0]) if loc else "(all)"
@@ -174,6 +237,7 @@ def _check(c: StackConfig) -> list[str]:
         *_check_rdma(c),
         *_check_image(c),
         *_check_samples(c),
+        *_check_timeouts(c),
     ]
 
 
@@ -338,14 +402,24 @@ def _check_image(c: StackConfig) -> list[str]:
     return []
 
 
-def _check_samples(c: StackConfig) -> list[str]:
+def _check_timeouts(c: StackConfig) -> list[str]:
     problems: list[str] = []
+    if not _DURATION.match(c.plugin_await_timeout):
+        problems.append(
+            f"{_key('pluginAwaitTimeout')}: {c.plugin_await_timeout!r} is not a duration like "
+            f"10m or 1h {_set('pluginAwaitTimeout', '10m')}"
+        )
     if c.job_await_timeout is not None and not _DURATION.match(c.job_await_timeout):
         problems.append(
             f"{_key('jobAwaitTimeout')}: {c.job_await_timeout!r} is not a duration like 30m or "
             f"2h {_set('jobAwaitTimeout', '30m')}, or unset it to skip awaiting "
             f"(pulumi config rm {_key('jobAwaitTimeout')})"
         )
+    return problems
+
+
+def _check_samples(c: StackConfig) -> list[str]:
+    problems: list[str] = []
     for job in c.sample_jobs:
         if job not in SAMPLE_JOBS:
             problems.append(

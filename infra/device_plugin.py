@@ -47,6 +47,8 @@ class DevicePluginArgs:
     plugin_config: PluginConfig
     image: str | None
     build: ImageBuild | None
+    # How long `pulumi up` waits for the DaemonSet to roll out (a duration such as 10m).
+    await_timeout: str
 
 
 class RdmaDevicePlugin(pulumi.ComponentResource):
@@ -119,7 +121,15 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
                 config_sha256=hashlib.sha256(config_yaml.encode()).hexdigest(),
                 pull_secrets=pull_secrets,
             ),
-            opts=in_ns,
+            # The provider awaits the rollout on every node, 10 minutes unless told otherwise.
+            opts=pulumi.ResourceOptions.merge(
+                in_ns,
+                pulumi.ResourceOptions(
+                    custom_timeouts=pulumi.CustomTimeouts(
+                        create=args.await_timeout, update=args.await_timeout
+                    )
+                ),
+            ),
         )
         self.daemonset_name = daemonset.metadata.name
         self.register_outputs({"daemonset_name": self.daemonset_name, "image": self.image})

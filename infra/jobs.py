@@ -11,6 +11,8 @@ import pulumi_kubernetes as k8s
 RDMA_CAPABILITIES = ("SYS_RESOURCE", "IPC_LOCK")  # raise the memlock limit; pin RDMA buffers
 SHM_SIZE = "8Gi"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+# How much longer than a Job's deadline `pulumi up` may wait for the Job controller to fail it.
+AWAIT_BACKSTOP_SECONDS = 60
 
 # Alibaba PAI's NCCL settings for Lingjun's RoCE fabric (REFERENCE §1).
 LINGJUN_NCCL_ENV = {
@@ -61,8 +63,9 @@ class RdmaJobArgs:
     namespace: str
     resource_name: str
     non_host_network: bool
-    # None: annotate pulumi.com/skipAwait; else how long `pulumi up` waits for completion.
-    await_timeout: str | None = None
+    # None: no deadline, and `pulumi up` does not wait (pulumi.com/skipAwait). Else Kubernetes
+    # fails the Job after this many seconds, and `pulumi up` waits for it to complete or fail.
+    deadline_seconds: int | None = None
 
 
 def resolve_host_network(spec: RdmaJobSpec, non_host_network: bool) -> bool:
@@ -105,16 +108,19 @@ class RdmaJob(pulumi.ComponentResource):
             )
         annotations: dict[str, str] = {}
         job_opts = child
-        if args.await_timeout is None:
+        if args.deadline_seconds is None:
             # pulumi-kubernetes otherwise blocks `pulumi up` until the Job completes.
             annotations["pulumi.com/skipAwait"] = "true"
         else:
+            # The provider's Job await re-arms its timer on every event it sees, so its timeout
+            # alone never fires on a busy Job: Kubernetes enforces the deadline
+            # (activeDeadlineSeconds) and the await ends when the Job fails. The await's own
+            # timeout is the backstop, a little later, so the Job's own verdict comes first.
+            backstop = f"{args.deadline_seconds + AWAIT_BACKSTOP_SECONDS}s"
             job_opts = pulumi.ResourceOptions.merge(
                 child,
                 pulumi.ResourceOptions(
-                    custom_timeouts=pulumi.CustomTimeouts(
-                        create=args.await_timeout, update=args.await_timeout
-                    )
+                    custom_timeouts=pulumi.CustomTimeouts(create=backstop, update=backstop)
                 ),
             )
         job = k8s.batch.v1.Job(
@@ -122,7 +128,12 @@ class RdmaJob(pulumi.ComponentResource):
             metadata=k8s.meta.v1.ObjectMetaArgs(
                 name=spec.name, namespace=args.namespace, annotations=annotations or None
             ),
-            spec=job_spec(spec, resource_name=args.resource_name, host_network=host_network),
+            spec=job_spec(
+                spec,
+                resource_name=args.resource_name,
+                host_network=host_network,
+                deadline_seconds=args.deadline_seconds,
+            ),
             opts=job_opts,
         )
         self.job_name = job.metadata.name
@@ -130,7 +141,7 @@ class RdmaJob(pulumi.ComponentResource):
 
 
 def job_spec(
-    spec: RdmaJobSpec, *, resource_name: str, host_network: bool
+    spec: RdmaJobSpec, *, resource_name: str, host_network: bool, deadline_seconds: int | None
 ) -> k8s.batch.v1.JobSpecArgs:
     """The typed batch/v1 JobSpec for an RdmaJobSpec."""
     limits = {resource_name: str(spec.rdma)}
@@ -180,6 +191,7 @@ def job_spec(
         completions=spec.completions,
         completion_mode="Indexed" if spec.indexed else None,
         backoff_limit=spec.backoff_limit,
+        active_deadline_seconds=deadline_seconds,
         template=k8s.core.v1.PodTemplateSpecArgs(spec=pod),
     )
 

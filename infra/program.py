@@ -66,7 +66,7 @@ def main() -> dict[str, pulumi.Output[Any]]:
                 namespace=cfg.namespace,
                 resource_name=cfg.rdma_resource_name,
                 non_host_network=cfg.non_host_network,
-                await_timeout=cfg.job_await_timeout,
+                deadline_seconds=cfg.job_deadline_seconds,
             ),
             opts=pulumi.ResourceOptions.merge(
                 in_cluster, pulumi.ResourceOptions(depends_on=[plugin])
@@ -147,4 +147,5 @@ def _plugin_args(cfg: StackConfig) -> DevicePluginArgs:
         plugin_config=plugin_config(cfg),
         image=cfg.plugin_image,
         build=build,
+        await_timeout=cfg.plugin_await_timeout,
     )

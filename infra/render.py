@@ -26,8 +26,9 @@ import yaml
 from kubernetes_validate.utils import (  # pyright: ignore[reportMissingTypeStubs]
     ValidationError as SchemaError,
 )
+from pulumi.runtime.mocks import MockMonitor
 
-from infra.config import PROJECT, StackConfigError
+from infra.config import CREDENTIAL_KEYS, PROJECT, StackConfigError
 from infra.jobs import JobSpecError
 from infra.program import main as program_main
 from plugin.config import ConfigError
@@ -125,11 +126,29 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return {}, []
 
 
+class RecordingMonitor(MockMonitor):
+    """The mock engine's monitor, keeping what mocks are not shown: custom timeouts."""
+
+    def __init__(self, mocks: RecordingMocks) -> None:
+        super().__init__(mocks)
+        # (type, name) -> {"create": "10m", ...}, for resources that set any
+        self.timeouts: dict[tuple[str, str], dict[str, str]] = {}
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (the monitor's RPC name)
+        t = request.customTimeouts
+        chosen = {k: str(getattr(t, k)) for k in ("create", "update", "delete") if getattr(t, k)}
+        if chosen:
+            self.timeouts[(str(request.type), str(request.name))] = chosen
+        return super().RegisterResource(request)  # pyright: ignore[reportUnknownMemberType]
+
+
 @dataclass(frozen=True)
 class RunResult:
     resources: list[Registered]
     # export name -> (value, is_secret)
     outputs: dict[str, tuple[Any, bool]]
+    # (type, name) -> custom timeouts, for resources that set any
+    timeouts: dict[tuple[str, str], dict[str, str]]
 
 
 def stack_config(
@@ -161,6 +180,9 @@ def stack_config(
         if not sep or not key:
             raise RenderError(f"--set {item!r}: expected KEY=VALUE, e.g. --set nonHostNetwork=true")
         config[_qualify(key)] = value
+        if key in CREDENTIAL_KEYS and _qualify(key) not in secret_keys:
+            # as `pulumi config set --secret` would store it
+            secret_keys.append(_qualify(key))
     return config, secret_keys
 
 
@@ -185,7 +207,8 @@ def run_program(
 ) -> RunResult:
     """Run main() under the mock engine with this config; raises what main() raises."""
     mocks = mocks if mocks is not None else RecordingMocks()
-    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(config, secret_keys)
     outputs: dict[str, tuple[Any, bool]] = {}
 
@@ -197,7 +220,9 @@ def run_program(
         return collect(program_main())
 
     pulumi.runtime.test(program)()  # pyright: ignore[reportUnknownMemberType]
-    return RunResult(resources=list(mocks.resources), outputs=outputs)
+    return RunResult(
+        resources=list(mocks.resources), outputs=outputs, timeouts=dict(monitor.timeouts)
+    )
 
 
 def normalize(value: Any) -> Any:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build kubelet, kube-apiserver, kubectl v1.34.4 from the Go module proxy, plus the static pause,
+# Build kubelet, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl v1.34.4 from the Go module proxy, plus the static pause,
 # once per input: outputs live outside the repo, keyed by the hash of everything that makes them,
 # and are reused when unchanged. Prints the bin directory (last line of stdout).
 set -euo pipefail
@@ -10,7 +10,7 @@ key=$(cat "$mod/go.mod" "$mod/go.sum" "$mod/tools.go" "$mod/pause/main.go" "$0" 
   | sha256sum | cut -c1-16)
 cache="${LINGJUN_E2E_CACHE:-$HOME/.cache/lingjun-rdma/e2e}"
 out="$cache/$key"
-progs=(kubelet kube-apiserver kubectl pause)
+progs=(kubelet kube-apiserver kube-controller-manager kube-scheduler kubectl pause)
 
 built() { for p in "${progs[@]}"; do [ -x "$out/bin/$p" ] || return 1; done; }
 if built; then touch "$out"; echo "$out/bin"; exit 0; fi
@@ -26,7 +26,7 @@ for p in "${progs[@]}"; do
   [ -x "$out/bin.tmp/$p" ] && continue  # an interrupted build keeps what it finished
   src="k8s.io/kubernetes/cmd/$p"
   [ "$p" = pause ] && src=./pause
-  echo "e2e: building $p (cold, all four: 15-30 min on 2 cores)" >&2
+  echo "e2e: building $p (cold, all six: 20-40 min on 2 cores)" >&2
   # static (no cgo): the pause binary goes into an image with nothing else in it; readonly:
   # a build never rewrites the committed go.mod/go.sum
   (cd "$mod" && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" nice -n 10 \

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import yaml
 
@@ -20,9 +17,9 @@ def _raw(stack: str = "dev", **overrides: str) -> dict[str, str]:
     return {k.removeprefix(prefix): v for k, v in config.items() if k.startswith(prefix) and v}
 
 
-def _error(stack: str = "dev", **overrides: str) -> str:
+def _error(stack: str = "dev", secret: frozenset[str] = frozenset(), **overrides: str) -> str:
     with pytest.raises(StackConfigError) as caught:
-        parse(_raw(stack, **overrides))
+        parse(_raw(stack, **overrides), secret)
     return str(caught.value)
 
 
@@ -231,6 +228,64 @@ def test_job_await_timeout_must_be_a_duration() -> None:
     assert "lingjun-rdma:jobAwaitTimeout: 'half an hour' is not a duration like 30m" in message
 
 
+def test_job_await_timeout_becomes_the_jobs_deadline_in_seconds() -> None:
+    assert parse(_raw(jobAwaitTimeout="30m")).job_deadline_seconds == 1800
+    assert parse(_raw(jobAwaitTimeout="2h")).job_deadline_seconds == 7200
+    assert parse(_raw()).job_deadline_seconds is None
+
+
+@pytest.mark.parametrize("value", ["", "10", "1.5m", "0m", "5d"])
+def test_plugin_await_timeout_must_be_a_duration(value: str) -> None:
+    raw = {**_raw(), "pluginAwaitTimeout": value}
+
+    with pytest.raises(StackConfigError) as caught:
+        parse(raw)
+
+    assert "lingjun-rdma:pluginAwaitTimeout:" in str(caught.value)
+
+
+def test_registry_password_in_plain_text_is_refused() -> None:
+    message = _error("prod", registryUsername="robot", registryPassword="hunter2")
+
+    assert message == (
+        "lingjun-rdma:registryPassword: stored in plain text: set it as a secret "
+        "(pulumi config set --secret lingjun-rdma:registryPassword <password>)"
+    )
+
+
+def test_registry_password_set_as_a_secret_is_taken() -> None:
+    raw = _raw("prod", registryUsername="robot", registryPassword="hunter2")
+
+    config = parse(raw, frozenset({"registryPassword"}))
+
+    assert config.registry_password is not None
+    assert config.registry_password.get_secret_value() == "hunter2"
+
+
+TOKEN_KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://10.0.0.1:6443"}}]
+users: [{name: u, user: {token: abc123}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+"""
+
+
+def test_kubeconfig_with_a_credential_in_plain_text_is_refused() -> None:
+    message = _error("local", kubeconfig=TOKEN_KUBECONFIG)
+
+    assert "lingjun-rdma:kubeconfig: holds a credential (token, key or password)" in message
+    assert "pulumi config set --secret lingjun-rdma:kubeconfig < ~/.kube/config" in message
+    assert isinstance(
+        parse(_raw("local", kubeconfig=TOKEN_KUBECONFIG), frozenset({"kubeconfig"})), StackConfig
+    )
+
+
+def test_kubeconfig_naming_credential_files_may_be_plain_text() -> None:
+    # the committed local stack's: paths to files on the control-plane node, no secret inline
+    assert parse(_raw("local")).kubeconfig is not None
+
+
 def test_every_problem_is_reported_at_once() -> None:
     message = _error(nonHostNetwork="true", pluginImage="", rdmaResourceName="hca")
 
@@ -252,18 +307,3 @@ def test_pulumi_yaml_schema_declares_exactly_the_models_keys() -> None:
     project = yaml.safe_load((PROJECT_DIR / "Pulumi.yaml").read_text())
 
     assert set(project["config"]) == known_keys()
-
-
-def test_rdma_defaults_come_from_the_plugin_not_pulumi_yaml() -> None:
-    project = yaml.safe_load((PROJECT_DIR / "Pulumi.yaml").read_text())
-
-    for key in ("rdmaResourceName", "rdmaMaxAllocations"):
-        assert "default" not in project["config"][key]
-
-
-@pytest.mark.parametrize("stack", STACKS)
-def test_stack_files_use_only_known_keys(stack: str) -> None:
-    doc = yaml.safe_load(Path(PROJECT_DIR, "stacks", f"Pulumi.{stack}.yaml").read_text())
-    keys = {k.removeprefix(f"{PROJECT}:") for k in doc["config"]}
-
-    assert keys <= known_keys(), json.dumps(sorted(keys - known_keys()))

@@ -166,6 +166,49 @@ def test_sample_jobs_skip_await_unless_the_stack_sets_a_timeout() -> None:
     assert all("annotations" not in j["metadata"] for j in prod_jobs)
 
 
+def test_without_a_job_timeout_jobs_have_no_deadline_and_no_await_timeout() -> None:
+    result = run("dev")
+
+    assert all("activeDeadlineSeconds" not in j["spec"] for j in k8s_objects(result, "Job"))
+    assert [k for k in result.timeouts if k[0] == "kubernetes:batch/v1:Job"] == []
+
+
+def test_job_timeout_is_the_jobs_deadline_and_the_await_ends_a_minute_later() -> None:
+    result = run("prod")  # jobAwaitTimeout: 30m
+
+    jobs = k8s_objects(result, "Job")
+    assert jobs
+    assert {j["spec"]["activeDeadlineSeconds"] for j in jobs} == {1800}
+    awaited = [r for r in of_type(result, "kubernetes:batch/v1:Job")]
+    for job in awaited:
+        timeouts = result.timeouts[(job.type, job.name)]
+        assert timeouts == {"create": "1860s", "update": "1860s"}
+
+
+@pytest.mark.parametrize(("stack", "overrides", "expected"), [
+    ("dev", (), "10m"),
+    ("local", ("pluginAwaitTimeout=3m",), "3m"),
+])  # fmt: skip
+def test_the_daemonset_rollout_await_is_bounded_by_plugin_await_timeout(
+    stack: str, overrides: tuple[str, ...], expected: str
+) -> None:
+    result = run(stack, *overrides)
+
+    daemonset = one(result, "kubernetes:apps/v1:DaemonSet")
+    assert result.timeouts[(daemonset.type, daemonset.name)] == {
+        "create": expected,
+        "update": expected,
+    }
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_configmaps_are_updated_in_place_not_replaced(stack: str) -> None:
+    # Replacing the plugin's ConfigMap would replace the DaemonSet that names it too.
+    provider = one(run(stack), "pulumi:providers:kubernetes")
+
+    assert provider.inputs["enableConfigMapMutable"] == "true"  # provider config: as text
+
+
 def test_cluster_is_ack_pro_small_ipv4_without_ipv6() -> None:
     ack = one(run("dev"), "alicloud:cs/managedKubernetes:ManagedKubernetes")
 

@@ -67,7 +67,7 @@ def test_duplicate_resource_names_are_refused() -> None:
     twice = Registered("alicloud:vpc/network:Network", "vpc", {}, custom=True)
 
     with pytest.raises(RenderError, match="duplicate names: alicloud:vpc/network:Network vpc"):
-        check_unique(RunResult(resources=[twice, twice], outputs={}))
+        check_unique(RunResult(resources=[twice, twice], outputs={}, timeouts={}))
 
 
 def test_duplicate_kubernetes_objects_are_refused() -> None:
@@ -77,7 +77,7 @@ def test_duplicate_kubernetes_objects_are_refused() -> None:
     ]
 
     with pytest.raises(RenderError, match="Kubernetes object ConfigMap/n/a"):
-        check_unique(RunResult(resources=resources, outputs={}))
+        check_unique(RunResult(resources=resources, outputs={}, timeouts={}))
 
 
 def test_schema_check_refuses_an_invalid_manifest() -> None:

@@ -1,0 +1,126 @@
+"""Every committed stack file against Pulumi.yaml's schema, the way the Pulumi CLI checks it
+before `pulumi preview`/`up` run the program (the real CLI checks the same files in `make engine`).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infra.config import PROJECT, known_keys
+from infra.render import PROJECT_DIR
+from plugin.config import DEFAULT_MAX_ALLOCATIONS, DEFAULT_RESOURCE_NAME
+from tests.infra.conftest import STACKS
+from tests.infra.pulumi_cli import project_errors, stack_errors
+
+
+def _project() -> dict[str, Any]:
+    return yaml.safe_load((PROJECT_DIR / "Pulumi.yaml").read_text())
+
+
+def _stack(stack: str) -> dict[str, Any]:
+    return yaml.safe_load(Path(PROJECT_DIR, "stacks", f"Pulumi.{stack}.yaml").read_text())
+
+
+def test_pulumi_yaml_schema_is_valid() -> None:
+    assert project_errors(_project()) == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_cli_accepts_every_committed_stack_as_is(stack: str) -> None:
+    assert stack_errors(_project(), stack, _stack(stack)) == []
+
+
+def test_every_declared_key_has_a_default_so_no_stack_must_set_it() -> None:
+    undeclared = {k for k, decl in _project()["config"].items() if "default" not in decl}
+
+    assert undeclared == set()
+
+
+def test_rdma_defaults_in_pulumi_yaml_are_the_plugins() -> None:
+    config = _project()["config"]
+
+    assert config["rdmaResourceName"]["default"] == DEFAULT_RESOURCE_NAME
+    assert config["rdmaMaxAllocations"]["default"] == DEFAULT_MAX_ALLOCATIONS
+
+
+def test_a_key_without_default_is_required_on_every_stack_that_omits_it() -> None:
+    project = copy.deepcopy(_project())
+    for key in ("pluginImage", "clusterId", "acrInstanceId"):
+        del project["config"][key]["default"]
+
+    errors = stack_errors(project, "local", _stack("local"))
+
+    # local sets pluginImage; it leaves the other two unset
+    assert errors == [
+        "Stack 'local' is missing configuration values 'acrInstanceId' and 'clusterId'"
+    ]
+
+
+def test_a_secret_key_with_a_default_is_refused_on_stacks_that_leave_it_unset() -> None:
+    project = copy.deepcopy(_project())
+    project["config"]["registryPassword"]["secret"] = True
+
+    errors = stack_errors(project, "dev", _stack("dev"))
+
+    assert errors == [
+        "Stack 'dev' with configuration key 'registryPassword' must be encrypted as it's secret"
+    ]
+
+
+def test_a_secure_value_satisfies_a_secret_key() -> None:
+    project = copy.deepcopy(_project())
+    project["config"]["registryPassword"]["secret"] = True
+    stack = _stack("prod")
+    stack["config"][f"{PROJECT}:registryPassword"] = {"secure": "v1:AAAA"}
+
+    assert stack_errors(project, "prod", stack) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "type_name"),
+    [
+        ("ipv6", "yes", "boolean"),
+        ("lingjunNodeCount", "two", "integer"),
+        ("zoneIds", "cn-wulanchabu-c", "array<string>"),
+        ("sampleJobs", [1, 2], "array<string>"),
+        ("region", ["cn-wulanchabu"], "string"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused(key: str, value: Any, type_name: str) -> None:
+    stack = _stack("dev")
+    stack["config"][f"{PROJECT}:{key}"] = value
+
+    errors = stack_errors(_project(), "dev", stack)
+
+    assert errors == [f"Stack 'dev' with configuration key '{key}' must be of type '{type_name}'"]
+
+
+def test_yaml_scalars_of_other_types_pass_as_the_cli_reads_them() -> None:
+    stack = _stack("dev")
+    stack["config"].update(
+        {f"{PROJECT}:ipv6": "false", f"{PROJECT}:lingjunNodeCount": "4", f"{PROJECT}:region": 7}
+    )
+
+    assert stack_errors(_project(), "dev", stack) == []
+
+
+def test_a_default_of_the_wrong_type_is_refused() -> None:
+    project = copy.deepcopy(_project())
+    project["config"]["region"]["default"] = 1000
+
+    assert project_errors(project) == [
+        "The default value specified for configuration key 'region' is not of the expected "
+        "type 'string'"
+    ]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_stack_files_use_only_known_keys(stack: str) -> None:
+    keys = {k.removeprefix(f"{PROJECT}:") for k in _stack(stack)["config"]}
+
+    assert keys <= known_keys(), sorted(keys - known_keys())
