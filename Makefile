@@ -8,7 +8,7 @@ UV_VERSION := 0.13.9
 APT_PACKAGES := python3-venv python3-pyverbs ibverbs-providers rdma-core iproute2
 STAMP := $(VENV)/.synced
 
-.PHONY: help setup render test lint typecheck proto bench test-rdma e2e image clean
+.PHONY: help setup render test lint typecheck proto bench test-rdma e2e engine deploy image clean
 
 help: ## List every target
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -28,7 +28,7 @@ render: setup ## Offline plan + every manifest of a stack: make render STACK=dev
 	$(PY) -m infra.render --stack $(STACK) --out out/$(STACK) $(RENDER_ARGS)
 
 test: setup ## The test suite (unit + integration; rdma/e2e have their own targets)
-	@$(PY) -m pytest -m "not rdma and not e2e" $(PYTEST_ARGS); rc=$$?; \
+	@$(PY) -m pytest -m "not rdma and not e2e and not engine" $(PYTEST_ARGS); rc=$$?; \
 	  [ $$rc -ne 5 ] || echo "pytest ran no test: that is a failure here" >&2; exit $$rc
 
 lint: setup ## ruff check + ruff format --check
@@ -53,6 +53,13 @@ test-rdma: setup ## Real verbs in a Soft-RoCE qemu VM (image cached in ~/.cache/
 
 e2e: setup ## The plugin against a real kubelet v1.34 + containerd (builds and caches it)
 	@tests/e2e/run.sh $(PYTEST_ARGS)
+
+engine: setup ## The real Pulumi engine deploys the local stack onto the e2e cluster (builds and caches both)
+	@tests/engine/run.sh $(PYTEST_ARGS)
+
+ACTION ?= up
+deploy: setup ## The program through the Automation API with the `pulumi` CLI only: make deploy STACK=local ACTION=preview|up|refresh|destroy
+	$(PY) -m infra.deploy $(ACTION) --stack $(STACK)
 
 IMAGE ?= lingjun-rdma-plugin:dev
 image: ## Build plugin/Dockerfile as $(IMAGE): Docker/Podman if one runs, else buildah (IMAGE_ARCHIVE=tar to export)

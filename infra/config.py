@@ -6,6 +6,7 @@ import ipaddress
 import json
 import re
 from collections.abc import Mapping, Set
+from pathlib import Path
 from typing import Any, Literal, cast
 
 import yaml
@@ -22,6 +23,7 @@ from plugin.config import (
 )
 
 PROJECT = "lingjun-rdma"
+PROJECT_DIR = Path(__file__).resolve().parent.parent  # Pulumi.yaml, stacks/
 SAMPLE_JOBS = ("hps-benchmark", "perftest", "nccl-tests")
 # Which config key holds each sample Job's image.
 SAMPLE_IMAGE_KEYS = {

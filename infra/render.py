@@ -28,12 +28,11 @@ from kubernetes_validate.utils import (  # pyright: ignore[reportMissingTypeStub
 )
 from pulumi.runtime.mocks import MockMonitor
 
-from infra.config import CREDENTIAL_KEYS, PROJECT, StackConfigError
+from infra.config import CREDENTIAL_KEYS, PROJECT, PROJECT_DIR, StackConfigError
 from infra.jobs import JobSpecError
 from infra.program import main as program_main
 from plugin.config import ConfigError
 
-PROJECT_DIR = Path(__file__).resolve().parent.parent
 KUBERNETES_VERSION = "1.34.0"
 SECRET = "[secret]"
 # How Pulumi's wire format marks a secret value inside resource inputs.

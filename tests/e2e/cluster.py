@@ -1,4 +1,5 @@
-"""A one-node cluster on loopback: etcd, kube-apiserver, containerd, kubelet, all owned by pid.
+"""A one-node cluster on loopback: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, containerd, kubelet, all owned by pid.
 
 Everything lives in one short temp dir; teardown removes every container, process, mount,
 cgroup and file the run made, and restores the sysctls the kubelet changes.
@@ -15,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -32,6 +34,8 @@ MADE_DIRS = "made-dirs"  # host dirs a run created, in its run dir
 RUN_LOCK = Path("/run/lock/lingjun-rdma-e2e.lock")
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 BUSYBOX_IMAGE = "docker.io/library/busybox:e2e"
+PLUGIN_IMAGE = "localhost/lingjun-rdma-plugin:e2e"  # plugin/Dockerfile, as `make image` builds it
+LINGJUN_LABEL = "alibabacloud.com/lingjun-worker"  # the label the DaemonSet selects nodes by
 # Hard-coded in the kubelet (v1beta1.DevicePluginPath), unlike every other path it uses: a
 # per-run dir is bind-mounted here so the host's dir is neither read nor left dirty.
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -51,12 +55,15 @@ class Peers:
 
     kubelet: Path
     apiserver: Path
+    controller_manager: Path
+    scheduler: Path
     kubectl: Path
     pause: Path
     etcd: Path
     containerd: Path
     ctr: Path
     busybox: Path
+    runc: Path
 
     @staticmethod
     def find() -> Peers | str:
@@ -68,6 +75,8 @@ class Peers:
         paths = {
             "kubelet": built / "kubelet",
             "apiserver": built / "kube-apiserver",
+            "controller_manager": built / "kube-controller-manager",
+            "scheduler": built / "kube-scheduler",
             "kubectl": built / "kubectl",
             "pause": built / "pause",
         }
@@ -79,7 +88,6 @@ class Peers:
                 return (
                     f"{name} ({path}: apt-get install containerd runc etcd-server busybox-static)"
                 )
-        paths.pop("runc")  # containerd finds it on PATH itself
         return Peers(**paths)
 
 
@@ -111,11 +119,24 @@ class Cluster:
     def kubeconfig(self) -> Path:
         return self.root / "kubeconfig"
 
+    @property
+    def node_sysfs_file(self) -> Path:
+        """Names the fixture tree that stands in for the node's /sys in containers (runc.py)."""
+        return self.root / "node-sysfs"
+
+    def use_node_sysfs(self, sysfs: Path | None) -> None:
+        """From the next container on, a hostPath of /sys is `sysfs` (None: the real one)."""
+        if sysfs is None:
+            self.node_sysfs_file.unlink(missing_ok=True)
+        else:
+            self.node_sysfs_file.write_text(str(sysfs))
+
     # -- start ----------------------------------------------------------------------------
     def start(self) -> None:
         self._pki()
         self._etcd()
         self._apiserver()
+        self._controllers()
         self._containerd()
         self._images()
         self._device_plugin_dir()
@@ -189,7 +210,7 @@ class Cluster:
                 "--service-account-issuer=https://kubernetes.default.svc",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
-                # no controller-manager runs to create the default ServiceAccount
+                # pods of the scenarios mount no ServiceAccount token
                 "--disable-admission-plugins=ServiceAccount",
                 # the Service endpoint of a loopback-only API server is of no use here
                 "--endpoint-reconciler-type=none",
@@ -204,6 +225,25 @@ class Cluster:
             return self.api.get("/readyz") == "ok"
 
         eventually(ready, 90, "kube-apiserver /readyz")
+
+    def _controllers(self) -> None:
+        """The controllers (DaemonSet, Job, garbage collector, namespace, ...) and the
+        scheduler, so that what `pulumi up` creates is run as on any cluster."""
+        pki = self.root / "pki"
+        common = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false", "--secure-port=0"]
+        self._proc(
+            "kube-controller-manager",
+            [
+                str(self.peers.controller_manager),
+                *common,
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                # The node has no pod network (no CNI: hostNetwork pods only), so it reports
+                # NotReady; the node lifecycle controller would taint it and evict the
+                # scenarios' pods. Everything else runs.
+                "--controllers=*,-node-lifecycle-controller",
+            ],
+        )
+        self._proc("kube-scheduler", [str(self.peers.scheduler), *common])
 
     def _containerd(self) -> None:
         ctd = self.root / "ctd"
@@ -236,6 +276,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+        BinaryName = "{self._runc()}"
 """
         )
         proc = self._proc("containerd", [str(self.peers.containerd), "--config", str(config)])
@@ -245,6 +286,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             return bool(self.ctr("version"))
 
         eventually(up, 30, "containerd")
+
+    def _runc(self) -> Path:
+        """runc behind a wrapper that can give containers a fixture sysfs for the node's."""
+        wrapper = self.root / "runc"
+        here = Path(__file__).resolve().parent
+        wrapper.write_text(
+            f"#!/bin/sh\nexec {sys.executable} -I -S {here / 'runc.py'} "
+            f'{self.peers.runc} {self.node_sysfs_file} "$@"\n'
+        )
+        wrapper.chmod(0o755)
+        return wrapper
+
+    def kubectl(self, *args: str) -> str:
+        return run([str(self.peers.kubectl), f"--kubeconfig={self.kubeconfig}", *args], 120)
 
     def ctr(self, *args: str, timeout: float = 60, check: bool = True) -> str:
         sock = str(self.containerd_sock)
@@ -343,7 +398,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def stop(self) -> None:
         """Undo everything `start` did, whatever state a failure left it in."""
         # kubelet first (or it restarts the containers), containerd after its containers
-        order = ["kubelet", "remove containers", "containerd", "kube-apiserver", "etcd"]
+        order = [
+            "kubelet",
+            "remove containers",
+            "containerd",
+            "kube-scheduler",
+            "kube-controller-manager",
+            "kube-apiserver",
+            "etcd",
+        ]
         steps = [
             self._remove_containers
             if name == "remove containers"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,10 @@ import pytest
 
 from tests.conftest import PEER_SKIP_PREFIX
 from tests.e2e.cluster import (
+    LINGJUN_LABEL,
+    NODE,
     NODE_PREFIX,
+    PLUGIN_IMAGE,
     Cluster,
     Peers,
     reap_stale_runs,
@@ -106,3 +111,56 @@ def pods(api: Api, cluster: Cluster) -> Iterator[list[str]]:
             60,
             f"the kubelet to forget pod {name}",
         )
+
+
+@pytest.fixture(scope="session")
+def image(cluster: Cluster) -> str:
+    """plugin/Dockerfile built by `make image` (buildah here: no engine runs) and imported
+    into the kubelet's containerd."""
+    tar = cluster.root / "plugin-image.tar"
+    subprocess.run(
+        ["make", "image", f"IMAGE={PLUGIN_IMAGE}", f"IMAGE_ARCHIVE={tar}"],
+        cwd=REPO, check=True, timeout=900,
+    )  # fmt: skip
+    cluster.ctr("images", "import", str(tar), timeout=300)
+    tar.unlink()
+    return PLUGIN_IMAGE
+
+
+@pytest.fixture(scope="session")
+def lingjun_node(cluster: Cluster) -> Iterator[None]:
+    """The label the DaemonSet selects Lingjun nodes by (the kubelet checks it on admission)."""
+    cluster.kubectl("label", "node", NODE, f"{LINGJUN_LABEL}=true", "--overwrite")
+    yield
+    cluster.kubectl("label", "node", NODE, f"{LINGJUN_LABEL}-")
+
+
+@pytest.fixture(scope="session")
+def host_infiniband(session_plugin: Plugin) -> Iterator[Path]:
+    """The fixture node's RDMA char devices at the host's own /dev/infiniband, where the
+    rendered DaemonSet mounts them from and where containerd finds what Allocate names."""
+    host = Path("/dev/infiniband")
+    wanted = session_plugin.dev_numbers
+    if host.exists():  # only a run killed before its cleanup leaves exactly these
+        rdev = {p.name: p.stat().st_rdev for p in host.iterdir()}
+        found = {n: (os.major(r), os.minor(r)) for n, r in rdev.items()}
+        assert found == wanted, f"{host} exists on this machine ({found}): not ours to replace"
+    host.mkdir(exist_ok=True)
+    for name, (major, minor) in wanted.items():
+        node = host / name
+        if not node.exists():
+            os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            os.chmod(node, 0o666)
+    yield host
+    for name in wanted:
+        (host / name).unlink(missing_ok=True)
+    host.rmdir()
+
+
+@pytest.fixture(scope="session")
+def node_sysfs(cluster: Cluster, session_plugin: Plugin) -> Iterator[Path]:
+    """Containers mounting the node's /sys get the fixture node's tree (tests/e2e/runc.py):
+    to the rendered DaemonSet, unchanged, this node has the fixture's two HCAs."""
+    cluster.use_node_sysfs(session_plugin.tree.sys)
+    yield session_plugin.tree.sys
+    cluster.use_node_sysfs(None)

@@ -1,18 +1,10 @@
 #!/usr/bin/env bash
-# `make e2e`: install the Debian peers, build (or reuse) kubelet + kube-apiserver, run the e2e
+# `make e2e`: install the Debian peers, build (or reuse) the Kubernetes programs, run the e2e
 # scenarios. The pytest session owns every process it starts and tears all of it down.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 t0=$(date +%s)
-packages=(containerd runc etcd-server busybox-static)
-missing=$(for p in "${packages[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null \
-  | grep -q 'ok installed' || echo "$p"; done)
-if [ -n "$missing" ]; then
-  echo "e2e: apt: installing" $missing
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
-fi
-LINGJUN_E2E_BIN=$(tests/e2e/build_k8s.sh | tail -n1)
+LINGJUN_E2E_BIN=$(tests/e2e/peers.sh | tail -n1)
 export LINGJUN_E2E_BIN
 t1=$(date +%s)
 echo "e2e: peers ready in $(( t1 - t0 )) s; binaries from $LINGJUN_E2E_BIN"

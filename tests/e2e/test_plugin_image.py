@@ -6,40 +6,20 @@ asking for an HCA gets its device nodes from it."""
 from __future__ import annotations
 
 import copy
-import os
-import stat
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.e2e.cluster import NODE, Cluster
+from tests.e2e.cluster import NODE, PLUGIN_IMAGE, Cluster
 from tests.e2e.kube import Api, allocatable_ids, pod_gone
 from tests.e2e.node import REPO, Plugin
 from tests.e2e.procs import eventually
 from tests.e2e.scenario import container_id, hex_numbers, run_listing_pod, wait_allocatable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
-
-IMAGE = "localhost/lingjun-rdma-plugin:e2e"
-LINGJUN_LABEL = "alibabacloud.com/lingjun-worker"
-
-
-@pytest.fixture(scope="module")
-def image(cluster: Cluster) -> str:
-    """plugin/Dockerfile built by `make image` (buildah here: no engine runs) and imported
-    into the kubelet's containerd."""
-    tar = cluster.root / "plugin-image.tar"
-    subprocess.run(
-        ["make", "image", f"IMAGE={IMAGE}", f"IMAGE_ARCHIVE={tar}"],
-        cwd=REPO, check=True, timeout=900,
-    )  # fmt: skip
-    cluster.ctr("images", "import", str(tar), timeout=300)
-    tar.unlink()
-    return IMAGE
 
 
 @pytest.fixture(scope="module")
@@ -57,41 +37,6 @@ def rendered(image: str, cluster: Cluster) -> dict[str, list[dict[str, Any]]]:
             if isinstance(doc, dict):
                 by_kind.setdefault(doc["kind"], []).append(doc)
     return by_kind
-
-
-def kubectl(cluster: Cluster, *args: str) -> None:
-    argv = [str(cluster.peers.kubectl), f"--kubeconfig={cluster.kubeconfig}", *args]
-    subprocess.run(argv, check=True, timeout=120, capture_output=True)
-
-
-@pytest.fixture
-def lingjun_node(cluster: Cluster) -> Iterator[None]:
-    """The label the DaemonSet selects Lingjun nodes by (the kubelet checks it on admission)."""
-    kubectl(cluster, "label", "node", NODE, f"{LINGJUN_LABEL}=true", "--overwrite")
-    yield
-    kubectl(cluster, "label", "node", NODE, f"{LINGJUN_LABEL}-")
-
-
-@pytest.fixture
-def host_infiniband(session_plugin: Plugin) -> Iterator[Path]:
-    """The fixture node's RDMA char devices at the host's own /dev/infiniband, where the
-    rendered DaemonSet mounts them from and where containerd finds what Allocate names."""
-    host = Path("/dev/infiniband")
-    wanted = session_plugin.dev_numbers
-    if host.exists():  # only a run killed before its cleanup leaves exactly these
-        rdev = {p.name: p.stat().st_rdev for p in host.iterdir()}
-        found = {n: (os.major(r), os.minor(r)) for n, r in rdev.items()}
-        assert found == wanted, f"{host} exists on this machine ({found}): not ours to replace"
-    host.mkdir(exist_ok=True)
-    for name, (major, minor) in wanted.items():
-        node = host / name
-        if not node.exists():
-            os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-            os.chmod(node, 0o666)
-    yield host
-    for name in wanted:
-        (host / name).unlink(missing_ok=True)
-    host.rmdir()
 
 
 def daemon_pod(daemonset: dict[str, Any], plugin: Plugin) -> dict[str, Any]:
@@ -138,7 +83,7 @@ def test_the_image_runs_as_the_rendered_daemonset_pod_unprivileged_and_serves_po
         for doc in rendered[kind]:
             path = cluster.root / f"{kind}.yaml"
             path.write_text(yaml.safe_dump(doc))
-            kubectl(cluster, "apply", "-f", str(path))
+            cluster.kubectl("apply", "-f", str(path))
     (daemonset,) = rendered["DaemonSet"]
     pod = daemon_pod(daemonset, session_plugin)
     name, ns = pod["metadata"]["name"], pod["metadata"]["namespace"]
@@ -168,7 +113,7 @@ def test_the_image_runs_as_the_rendered_daemonset_pod_unprivileged_and_serves_po
         assert "ro" in root_mount_options(pid)
         # the kubelet's word for what runs: the image imported from `make image`
         (container,) = api.pod(name, ns)["status"]["containerStatuses"]
-        assert container["image"] == IMAGE
+        assert container["image"] == PLUGIN_IMAGE
         assert "registered" in api.pod_log(name, ns)
 
         # A pod asking one HCA gets its device nodes from this plugin's Allocate.

@@ -5,9 +5,17 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from infra.config import PROJECT, StackConfig, StackConfigError, is_pinned, known_keys, parse
+from infra.config import (
+    PROJECT,
+    PROJECT_DIR,
+    StackConfig,
+    StackConfigError,
+    is_pinned,
+    known_keys,
+    parse,
+)
 from infra.jobs import JobSpecError, RdmaJobSpec, resolve_host_network
-from infra.render import PROJECT_DIR, RecordingMocks, run_program, stack_config
+from infra.render import RecordingMocks, run_program, stack_config
 from tests.infra.conftest import STACKS
 
 

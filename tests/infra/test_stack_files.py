@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.config import PROJECT, known_keys
-from infra.render import PROJECT_DIR
+from infra.config import PROJECT, PROJECT_DIR, known_keys
 from plugin.config import DEFAULT_MAX_ALLOCATIONS, DEFAULT_RESOURCE_NAME
 from tests.infra.conftest import STACKS
 from tests.infra.pulumi_cli import project_errors, stack_errors

@@ -1,0 +1,82 @@
+"""Run the program with Pulumi's Automation API, for a machine with the `pulumi` CLI but not its
+Python language host plugin:
+
+    python -m infra.deploy {preview,up,refresh,destroy} --stack local [--diff]
+
+The same program as `pulumi up`, with the same project (Pulumi.yaml), stack files (stacks/) and
+state backend (`pulumi login`, PULUMI_BACKEND_URL); the CLI validates the config as it does for
+`pulumi up`. The program runs in this process (an inline program), so the CLI needs no
+`pulumi-language-python` plugin. Exit codes: 0 done, 1 the engine failed (its output above).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from pulumi import automation as auto
+
+from infra.config import PROJECT, PROJECT_DIR
+from infra.program import main as program_main
+
+ACTIONS = ("preview", "up", "refresh", "destroy")
+
+
+def _program() -> None:
+    program_main()
+
+
+def open_stack(
+    stack: str,
+    work_dir: Path = PROJECT_DIR,
+    env: Mapping[str, str] | None = None,
+    pulumi: auto.PulumiCommand | None = None,
+) -> auto.Stack:
+    """The stack (created when new) of the project in `work_dir`, running this program with
+    the `pulumi` CLI on PATH, or `pulumi`."""
+    return auto.create_or_select_stack(
+        stack_name=stack,
+        project_name=PROJECT,
+        program=_program,
+        # work_dir holds Pulumi.yaml: the workspace reads it (and stacks/) as the CLI would
+        opts=auto.LocalWorkspaceOptions(
+            work_dir=str(work_dir),
+            env_vars=dict(env) if env is not None else None,
+            pulumi_command=pulumi,
+        ),
+    )
+
+
+def run(action: str, stack: auto.Stack, diff: bool = False) -> None:
+    """One engine operation, its progress streamed to stdout."""
+    if action == "preview":
+        stack.preview(on_output=print, diff=diff)
+    elif action == "up":
+        stack.up(on_output=print, diff=diff)
+    elif action == "refresh":
+        stack.refresh(on_output=print, diff=diff)
+    elif action == "destroy":
+        stack.destroy(on_output=print, diff=diff)
+    else:
+        raise ValueError(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.deploy", description=__doc__)
+    parser.add_argument("action", choices=ACTIONS)
+    parser.add_argument("--stack", required=True, help="dev, staging, prod or local")
+    parser.add_argument("--diff", action="store_true", help="show each resource's diff")
+    args = parser.parse_args(argv)
+    try:
+        run(args.action, open_stack(args.stack), diff=args.diff)
+    except auto.CommandError as exc:
+        # the engine's own output went to stdout already; this names the failed command
+        print(f"deploy: {args.action} --stack {args.stack}: failed:\n{exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

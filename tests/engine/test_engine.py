@@ -1,0 +1,239 @@
+"""The real Pulumi engine (CLI v3.277.0 + pulumi-resource-kubernetes v4.25.0, built from the Go
+module proxy) runs the project's own program, Pulumi.yaml and stack files, through the Automation
+API (`infra.deploy`), against the e2e harness's real cluster: kube-apiserver, controller-manager,
+scheduler, kubelet and containerd v1.34.
+
+The `local` stack is deployed, changed and destroyed in the order of the tests below (each one
+starts from what the previous one left); the cloud stacks are previewed as far as the engine goes
+without an Alibaba Cloud provider.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pulumi import automation as auto
+
+from tests.e2e.cluster import BUSYBOX_IMAGE, NODE, Cluster
+from tests.e2e.kube import Api, ApiError
+from tests.e2e.procs import eventually
+from tests.e2e.scenario import node_resource, wait_allocatable
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
+
+KEY = "lingjun-rdma"
+NAMESPACE = "lingjun-rdma"
+PLUGIN = "rdma-device-plugin"
+CLOUD_STACKS = ("dev", "staging", "prod")
+
+OpenStack = Callable[[str], auto.Stack]
+
+
+def _set(stack: auto.Stack, key: str, value: str, secret: bool = False) -> None:
+    stack.set_config(f"{KEY}:{key}", auto.ConfigValue(value, secret=secret))
+
+
+def _get(api: Api, path: str) -> dict[str, Any]:
+    return api.get(path)
+
+
+def _daemonset(api: Api) -> dict[str, Any]:
+    return _get(api, f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{PLUGIN}")
+
+
+def _pods(api: Api, selector: str) -> list[dict[str, Any]]:
+    found = _get(api, f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={selector}")
+    return found["items"]
+
+
+def _plugin_pods(api: Api) -> list[dict[str, Any]]:
+    return _pods(api, f"app.kubernetes.io/name={PLUGIN}")
+
+
+def _changes(stack: auto.Stack) -> dict[str, int]:
+    """What a preview would do, by operation ("same", "update", "replace", ...)."""
+    return {str(op.value): n for op, n in stack.preview().change_summary.items()}
+
+
+def _up(stack: auto.Stack) -> tuple[auto.UpResult, float]:
+    t0 = time.monotonic()
+    result = stack.up(on_output=print)
+    return result, time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def local(
+    open_engine_stack: OpenStack, cluster: Cluster, image: str
+) -> Iterator[auto.Stack]:
+    """The committed local stack with what this cluster needs: its kubeconfig (a secret: it
+    holds a token) and images the node has (nothing is pulled here)."""
+    stack = open_engine_stack("local")
+    _set(stack, "kubeconfig", cluster.kubeconfig.read_text(), secret=True)
+    _set(stack, "pluginImage", image)
+    _set(stack, "perftestImage", BUSYBOX_IMAGE)
+    yield stack
+    if stack.export_stack().deployment.get("resources"):  # a test failed midway
+        stack.destroy(on_output=print)
+
+
+@pytest.mark.parametrize("name", CLOUD_STACKS)
+def test_the_cli_accepts_every_cloud_stack_as_committed(
+    open_engine_stack: OpenStack, name: str
+) -> None:
+    """Nothing set: the CLI validates the stack file against Pulumi.yaml, the program's config
+    check passes, and the engine stops only at the Alibaba Cloud provider it cannot load here."""
+    stack = open_engine_stack(name)
+
+    with pytest.raises(auto.CommandError) as caught:
+        stack.preview()
+
+    message = str(caught.value)
+    assert "validating stack config" not in message
+    assert "missing configuration" not in message
+    assert "StackConfigError" not in message
+    assert "pulumi-resource-alicloud" in message, message[-2000:]
+
+
+def test_a_plain_text_kubeconfig_with_a_token_is_refused_before_any_resource(
+    open_engine_stack: OpenStack, cluster: Cluster, workspace: Path
+) -> None:
+    stacks = workspace / "stacks"
+    (stacks / "Pulumi.local-plaintext.yaml").write_text((stacks / "Pulumi.local.yaml").read_text())
+    stack = open_engine_stack("local-plaintext")
+    _set(stack, "kubeconfig", cluster.kubeconfig.read_text())
+
+    with pytest.raises(auto.CommandError) as caught:
+        stack.preview()
+
+    assert "lingjun-rdma:kubeconfig: holds a credential" in str(caught.value)
+    assert "pulumi config set --secret lingjun-rdma:kubeconfig" in str(caught.value)
+
+
+@pytest.mark.usefixtures("lingjun_node", "host_infiniband", "node_sysfs")
+def test_up_runs_the_plugin_on_the_node_and_a_sample_jobs_pod_gets_its_devices(
+    local: auto.Stack, api: Api, cluster: Cluster
+) -> None:
+    result, took = _up(local)
+    print(f"engine: first up: {took:.1f} s, {dict(result.summary.resource_changes or {})}")
+
+    assert result.summary.result == "succeeded"
+    # the DaemonSet controller made the pod, the scheduler bound it to the node
+    (pod,) = _plugin_pods(api)
+    assert pod["spec"]["nodeName"] == NODE
+    assert pod["metadata"]["ownerReferences"][0]["kind"] == "DaemonSet"
+    assert pod["status"]["phase"] == "Running"
+    wait_allocatable(api, "1k")
+    assert result.outputs["pluginDaemonSet"].value == PLUGIN
+    assert result.outputs["kubeconfig"].secret is True
+
+    # perftest: pod 0 is scheduled, admitted with the devices Allocate named, and fails at
+    # once (busybox has no ib_write_bw); pod 1 wants another node and stays Pending
+    def started() -> list[dict[str, Any]]:
+        pods = _pods(api, "batch.kubernetes.io/job-name=perftest")
+        return [p for p in pods if p["status"].get("containerStatuses")]
+
+    (job_pod,) = eventually(started, 90, "a perftest pod started by the kubelet")
+    cid = job_pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    spec = json.loads(cluster.ctr("containers", "info", cid))["Spec"]
+    devices = sorted(d["path"] for d in spec["linux"]["devices"])
+    assert devices == [
+        "/dev/infiniband/rdma_cm",
+        "/dev/infiniband/umad0",
+        "/dev/infiniband/umad1",
+        "/dev/infiniband/uverbs0",
+        "/dev/infiniband/uverbs1",
+    ]
+    env = dict(e.split("=", 1) for e in spec["process"]["env"])
+    assert env["LINGJUN_RDMA_HCAS"] == "mlx5_0,mlx5_1"
+
+
+@pytest.mark.usefixtures("lingjun_node", "host_infiniband", "node_sysfs")
+def test_a_second_up_changes_nothing(local: auto.Stack) -> None:
+    assert set(_changes(local)) == {"same"}
+
+    result = local.up(expect_no_changes=True)
+
+    assert set(result.summary.resource_changes or {}) == {"same"}
+
+
+@pytest.mark.usefixtures("lingjun_node", "host_infiniband", "node_sysfs")
+def test_a_plugin_config_change_rolls_the_daemonset_in_place(
+    local: auto.Stack, api: Api
+) -> None:
+    before = _daemonset(api)
+    (old_pod,) = _plugin_pods(api)
+    _set(local, "rdmaMaxAllocations", "500")
+
+    changes = _changes(local)
+    result, took = _up(local)
+    print(f"engine: config change: preview {changes}, up {took:.1f} s")
+
+    assert set(changes) == {"same", "update"}  # no replace
+    assert changes["update"] == 2  # the ConfigMap and the DaemonSet
+    after = _daemonset(api)
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["metadata"]["generation"] == before["metadata"]["generation"] + 1
+    # `pulumi up` returned once the rollout was done: the new pod is the only one, and ready
+    assert after["status"]["updatedNumberScheduled"] == 1
+    assert after["status"]["numberReady"] == 1
+    (new_pod,) = _plugin_pods(api)
+    assert new_pod["metadata"]["uid"] != old_pod["metadata"]["uid"]
+    wait_allocatable(api, "500")
+    assert result.summary.result == "succeeded"
+
+
+@pytest.mark.usefixtures("lingjun_node", "host_infiniband", "node_sysfs")
+def test_a_job_that_never_finishes_fails_at_its_deadline(local: auto.Stack, api: Api) -> None:
+    # 8 GPUs: no node has one, so its pod never starts and the Job never finishes
+    _set(local, "sampleJobs", '["hps-benchmark"]')
+    _set(local, "hpsBenchmarkImage", BUSYBOX_IMAGE)
+    _set(local, "jobAwaitTimeout", "20s")
+
+    t0 = time.monotonic()
+    with pytest.raises(auto.CommandError) as caught:
+        local.up(on_output=print)
+    took = time.monotonic() - t0
+    print(f"engine: up with a 20 s Job deadline failed after {took:.1f} s")
+
+    job = _get(api, f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/hps-benchmark")
+    assert job["spec"]["activeDeadlineSeconds"] == 20
+    failed = [c for c in job["status"]["conditions"] if c["type"] == "Failed"]
+    assert [c["reason"] for c in failed] == ["DeadlineExceeded"]
+    assert "hps-benchmark" in str(caught.value)
+
+
+@pytest.mark.usefixtures("lingjun_node", "host_infiniband", "node_sysfs")
+def test_the_daemonset_await_ends_at_plugin_await_timeout(local: auto.Stack) -> None:
+    _set(local, "sampleJobs", "[]")
+    _set(local, "pluginImage", "localhost/lingjun-rdma-plugin:absent")
+    _set(local, "pluginAwaitTimeout", "20s")
+
+    t0 = time.monotonic()
+    with pytest.raises(auto.CommandError) as caught:
+        local.up(on_output=print)
+    took = time.monotonic() - t0
+    print(f"engine: up of an image that cannot be pulled, 20 s await: failed after {took:.1f} s")
+
+    assert PLUGIN in str(caught.value)
+    # not a speed check: unbounded, the provider would wait its default 10 minutes
+    assert took < 300
+
+
+@pytest.mark.usefixtures("lingjun_node", "host_infiniband", "node_sysfs")
+def test_destroy_leaves_nothing_of_the_stack(local: auto.Stack, api: Api) -> None:
+    local.destroy(on_output=print)
+
+    assert not local.export_stack().deployment.get("resources")
+    with pytest.raises(ApiError) as caught:
+        _get(api, f"/api/v1/namespaces/{NAMESPACE}")
+    assert caught.value.status == 404
+    pods = _get(api, "/api/v1/pods")["items"]
+    assert [p["metadata"]["name"] for p in pods if p["metadata"]["namespace"] == NAMESPACE] == []
+    # the kubelet lost the plugin with its pod: nothing left to allocate
+    wait_allocatable(api, "0")
+    assert node_resource(api)[1] == "0"
