@@ -67,9 +67,7 @@ def _up(stack: auto.Stack) -> tuple[auto.UpResult, float]:
 
 
 @pytest.fixture(scope="module")
-def local(
-    open_engine_stack: OpenStack, cluster: Cluster, image: str
-) -> Iterator[auto.Stack]:
+def local(open_engine_stack: OpenStack, cluster: Cluster, image: str) -> Iterator[auto.Stack]:
     """The committed local stack with what this cluster needs: its kubeconfig (a secret: it
     holds a token) and images the node has (nothing is pulled here)."""
     stack = open_engine_stack("local")
@@ -162,9 +160,7 @@ def test_a_second_up_changes_nothing(local: auto.Stack) -> None:
 
 
 @pytest.mark.usefixtures("lingjun_node", "host_infiniband", "node_sysfs")
-def test_a_plugin_config_change_rolls_the_daemonset_in_place(
-    local: auto.Stack, api: Api
-) -> None:
+def test_a_plugin_config_change_rolls_the_daemonset_in_place(local: auto.Stack, api: Api) -> None:
     before = _daemonset(api)
     (old_pod,) = _plugin_pods(api)
     _set(local, "rdmaMaxAllocations", "500")
