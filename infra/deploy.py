@@ -1,7 +1,7 @@
 """Run the program with Pulumi's Automation API, for a machine with the `pulumi` CLI but not its
 Python language host plugin:
 
-    python -m infra.deploy {preview,up,refresh,destroy} --stack local [--diff]
+    python -m infra.deploy {preview,up,refresh,destroy} --stack local [--diff] [--project-dir DIR]
 
 The same program as `pulumi up`, with the same project (Pulumi.yaml), stack files (stacks/) and
 state backend (`pulumi login`, PULUMI_BACKEND_URL); the CLI validates the config as it does for
@@ -68,9 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=ACTIONS)
     parser.add_argument("--stack", required=True, help="dev, staging, prod or local")
     parser.add_argument("--diff", action="store_true", help="show each resource's diff")
+    parser.add_argument(
+        "--project-dir",
+        type=Path,
+        default=PROJECT_DIR,
+        help="where Pulumi.yaml and stacks/ are (default: this checkout)",
+    )
     args = parser.parse_args(argv)
     try:
-        run(args.action, open_stack(args.stack), diff=args.diff)
+        run(args.action, open_stack(args.stack, args.project_dir), diff=args.diff)
     except auto.CommandError as exc:
         # the engine's own output went to stdout already; this names the failed command
         print(f"deploy: {args.action} --stack {args.stack}: failed:\n{exc}", file=sys.stderr)
