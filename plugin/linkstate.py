@@ -8,10 +8,9 @@ import dataclasses
 import struct
 
 from plugin.discovery.model import Inventory, Port
+from plugin.rtnetlink import attributes, messages
 
-_NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, seq, pid
 _IFINFOMSG = struct.Struct("=BxHiII")  # family, device type, ifindex, flags, change mask
-_RTATTR = struct.Struct("=HH")  # length, type
 RTM_NEWLINK = 16
 IFLA_IFNAME = 3
 IFF_UP = 0x1
@@ -19,37 +18,20 @@ IFF_LOWER_UP = 0x10000
 DOWN = "DOWN"
 
 
-def _align(n: int) -> int:
-    return (n + 3) & ~3
-
-
 def carrier_changes(data: bytes) -> dict[str, bool]:
     """netdev -> has carrier (administratively up and lower layer up), for every RTM_NEWLINK
     in one rtnetlink datagram; a later message about the same netdev wins. Other messages
     (addresses, deleted links) and truncated ones are skipped: a scan follows every event."""
     changes: dict[str, bool] = {}
-    offset = 0
-    while offset + _NLMSGHDR.size <= len(data):
-        length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, offset)
-        if length < _NLMSGHDR.size or offset + length > len(data):
-            break
-        body, end = offset + _NLMSGHDR.size, offset + length
-        offset += _align(length)
+    for kind, body, end in messages(data):
         if kind != RTM_NEWLINK or body + _IFINFOMSG.size > end:
             continue
         flags = _IFINFOMSG.unpack_from(data, body)[3]
-        attr = body + _IFINFOMSG.size
-        while attr + _RTATTR.size <= end:
-            attr_len, attr_type = _RTATTR.unpack_from(data, attr)
-            if attr_len < _RTATTR.size or attr + attr_len > end:
-                break
+        for attr_type, payload in attributes(data, body + _IFINFOMSG.size, end):
             if attr_type == IFLA_IFNAME:
-                name = data[attr + _RTATTR.size : attr + attr_len].split(b"\0", 1)[0]
-                changes[name.decode(errors="replace")] = flags & (IFF_UP | IFF_LOWER_UP) == (
-                    IFF_UP | IFF_LOWER_UP
-                )
+                name = payload.split(b"\0", 1)[0].decode(errors="replace")
+                changes[name] = flags & (IFF_UP | IFF_LOWER_UP) == (IFF_UP | IFF_LOWER_UP)
                 break
-            attr += _align(attr_len)
     return changes
 
 

@@ -16,6 +16,9 @@ HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 CONTAINER_DEV = Path("/dev/infiniband")
 
+# The container env that names the HCAs an allocation gave (python -m plugin.podenv reads it).
+HCAS_ENV = "LINGJUN_RDMA_HCAS"
+
 
 class AllocationError(ValueError):
     """An Allocate the kubelet must refuse; the message says which ID and why."""
@@ -190,7 +193,7 @@ def allocate(view: PoolView, ids: list[str], dev_root: Path) -> Allocation:
     host = dev_root / "infiniband"
     return Allocation(
         devices=tuple(DeviceSpec(str(CONTAINER_DEV / n), str(host / n)) for n in names),
-        envs={"LINGJUN_RDMA_HCAS": ",".join(h.name for h in hcas)},
+        envs={HCAS_ENV: ",".join(h.name for h in hcas)},
     )
 
 

@@ -180,7 +180,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 "allocated %s %s -> %s",
                 self.resource,
                 list(r.devices_ids),
-                allocation.envs.get("LINGJUN_RDMA_HCAS"),
+                allocation.envs.get(policy.HCAS_ENV),
             )
         return api_pb2.AllocateResponse(container_responses=responses)
 

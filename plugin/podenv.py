@@ -1,0 +1,108 @@
+"""NCCL's RDMA settings for the network namespace this runs in: `python -m plugin.podenv`.
+
+Run inside the pod (an init container of the same pod sees the same namespace and, asking the
+same resource, the same HCAs): it matches the namespace's own addresses against the RoCE v2 GIDs
+of the allocated HCAs and prints one sourceable KEY=VALUE line per variable:
+
+    python -m plugin.podenv [--sysfs-root /sys] [--hcas mlx5_0,mlx5_1] [--family auto|ipv6|ipv4]
+                            [--set NCCL_IB_TC=136 ...] [--out FILE]
+
+HCAs default to LINGJUN_RDMA_HCAS (set by the device plugin's Allocate). Family `auto`: ipv6
+when the namespace has a usable IPv6 GID (the only family off the host network), else ipv4.
+Exit codes: 0 printed, 1 no usable GID (the message names the HCAs, the addresses and the fix),
+2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from plugin.discovery.model import Hca
+from plugin.discovery.sysfs import SysfsDiscovery
+from plugin.gidchoice import Choice, Family, NoGidError, NsAddress, choose
+from plugin.netaddrs import namespace_addresses
+from plugin.pool import HCAS_ENV
+
+FAMILIES: tuple[Family, ...] = ("ipv6", "ipv4")
+
+
+def resolve(hcas: Sequence[Hca], addresses: Sequence[NsAddress], family: str) -> Choice:
+    """The choice for one family, or for `auto` the first family that has one."""
+    if family != "auto":
+        return choose(hcas, addresses, "ipv6" if family == "ipv6" else "ipv4")
+    errors: list[str] = []
+    for candidate in FAMILIES:
+        try:
+            return choose(hcas, addresses, candidate)
+        except NoGidError as exc:
+            errors.append(str(exc))
+    raise NoGidError(errors[0])  # ipv6's: the mode this resolver exists for
+
+
+def render(choice: Choice, extra: dict[str, str]) -> str:
+    """KEY=VALUE lines, sourceable by sh (`set -a; . FILE; set +a`)."""
+    env = {**extra, **choice.env()}
+    return "".join(f"{k}={_quote(v)}\n" for k, v in env.items())
+
+
+def _quote(value: str) -> str:
+    safe = all(c.isalnum() or c in "=,:._-/" for c in value)
+    return value if safe and value else "'" + value.replace("'", "'\\''") + "'"
+
+
+def _read_hcas(sysfs_root: Path, names: list[str]) -> list[Hca]:
+    discovery = SysfsDiscovery(sysfs_root, Path("/dev"))
+    hcas: list[Hca] = []
+    for name in names:
+        hca = discovery.read_hca(name, {}, {})
+        if hca is None:
+            raise NoGidError(
+                f"{name}: not in {sysfs_root / 'class' / 'infiniband'}: the RDMA devices are not "
+                "visible in this network namespace (RDMA netns mode exclusive?)"
+            )
+        hcas.append(hca)
+    return hcas
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. NCCL_IB_TC=136")
+    return key, value
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m plugin.podenv", description=__doc__)
+    p.add_argument("--sysfs-root", type=Path, default=Path("/sys"))
+    p.add_argument("--hcas", default=os.environ.get(HCAS_ENV, ""), help=f"default ${HCAS_ENV}")
+    p.add_argument("--family", choices=["auto", *FAMILIES], default="auto")
+    p.add_argument("--set", type=_key_value, action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", type=Path, help="write here (atomically) instead of stdout")
+    args = p.parse_args(argv)
+    names = [n for n in args.hcas.split(",") if n]
+    if not names:
+        p.error(
+            f"no HCAs: pass --hcas, or run in a container asking for the RDMA resource "
+            f"(its Allocate sets {HCAS_ENV})"
+        )
+    try:
+        choice = resolve(_read_hcas(args.sysfs_root, names), namespace_addresses(), args.family)
+    except NoGidError as exc:
+        print(f"lingjun-rdma podenv: {exc}", file=sys.stderr)
+        return 1
+    text = render(choice, dict(args.set))
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        tmp = args.out.with_name(f".{args.out.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

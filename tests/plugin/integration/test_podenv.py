@@ -1,0 +1,148 @@
+"""`python -m plugin.podenv` from its CLI inside a real network namespace (a pod's, with its own
+addresses), reading the GID tables of a fixture sysfs tree: the addresses come from the kernel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PEER_SKIP_PREFIX
+from tests.plugin.sysfs_tree import PortSpec, SysfsTree
+from tests.plugin.veth_netns import ip
+
+REPO = Path(__file__).resolve().parents[3]
+POD_A, POD_B = "fd77::10", "fd77::11"
+# the port's one table in shared netns mode: the host's GIDs, then pod A's and pod B's
+GIDS = [
+    ("fe80::1", "IB/RoCE v1"),
+    ("fe80::1", "RoCE v2"),
+    ("10.0.0.2", "IB/RoCE v1"),
+    ("10.0.0.2", "RoCE v2"),
+    (POD_A, "IB/RoCE v1"),
+    (POD_A, "RoCE v2"),
+    (POD_B, "IB/RoCE v1"),
+    (POD_B, "RoCE v2"),
+]
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> SysfsTree:
+    tree = SysfsTree(tmp_path / "node").rdma_cm()
+    tree.add_pci_hca("mlx5_0", pci="0000:03:00.0", ports=[PortSpec(netdev="eth0", gids=GIDS)])
+    return tree
+
+
+@pytest.fixture
+def pod_netns() -> Iterator[str]:
+    """A namespace like a pod's: lo, and eth0 (a veth end) with the addresses a test gives it."""
+    if os.geteuid() != 0:
+        pytest.skip(f"{PEER_SKIP_PREFIX} root (ip netns)")
+    name = f"lingjun-podenv-{os.getpid()}"
+    ip("netns", "add", name)
+    try:
+        ip("-n", name, "link", "set", "lo", "up")
+        ip("-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
+        ip("-n", name, "link", "set", "peer0", "up")
+        ip("-n", name, "link", "set", "eth0", "up")
+        yield name
+    finally:
+        ip("netns", "delete", name)
+
+
+def _address(netns: str, cidr: str) -> None:
+    ip("-n", netns, "addr", "add", cidr, "dev", "eth0", *(["nodad"] if ":" in cidr else []))
+
+
+def podenv(
+    netns: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["ip", "netns", "exec", netns, sys.executable, "-m", "plugin.podenv", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("pod_ip", "index"), [(POD_A, "5"), (POD_B, "7")])
+def test_prints_the_gid_index_of_this_namespaces_own_address(
+    tree: SysfsTree, pod_netns: str, pod_ip: str, index: str
+) -> None:
+    _address(pod_netns, f"{pod_ip}/64")
+
+    done = podenv(
+        pod_netns, "--sysfs-root", str(tree.sys), "--set", "NCCL_IB_TC=136",
+        env={"LINGJUN_RDMA_HCAS": "mlx5_0"},
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "NCCL_IB_TC=136",
+        "NCCL_IB_HCA==mlx5_0:1",
+        f"NCCL_IB_GID_INDEX={index}",
+        "NCCL_SOCKET_IFNAME==eth0",
+    ]
+
+
+def test_the_output_is_sourceable_by_sh(tree: SysfsTree, pod_netns: str, tmp_path: Path) -> None:
+    _address(pod_netns, f"{POD_A}/64")
+    out = tmp_path / "env"
+
+    done = podenv(
+        pod_netns, "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0", "--out", str(out),
+        "--set", "NCCL_DEBUG=INFO WARN",
+    )  # fmt: skip
+    shown = subprocess.run(
+        ["sh", "-c", f'set -a; . {out}; set +a; echo "$NCCL_IB_GID_INDEX|$NCCL_DEBUG"'],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    assert shown.stdout.strip() == "5|INFO WARN"
+
+
+def test_an_ipv4_only_namespace_fails_with_the_hcas_addresses_and_fix(
+    tree: SysfsTree, pod_netns: str
+) -> None:
+    _address(pod_netns, "192.168.77.10/24")
+
+    done = podenv(pod_netns, "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0", "--family", "ipv6")
+
+    assert done.returncode == 1
+    assert done.stdout == ""
+    message = done.stderr
+    assert "no RoCE v2 GID for an ipv6 address of this network namespace on mlx5_0" in message
+    assert "eth0 192.168.77.10" in message
+    assert "nonHostNetwork: true with computeNetworkIpv6: true" in message
+
+
+def test_family_auto_falls_back_to_ipv4_on_a_host_like_namespace(
+    tree: SysfsTree, pod_netns: str
+) -> None:
+    _address(pod_netns, "10.0.0.2/24")
+
+    done = podenv(pod_netns, "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0")
+
+    assert done.returncode == 0, done.stderr
+    assert "NCCL_IB_GID_INDEX=3" in done.stdout.splitlines()
+
+
+def test_no_hcas_is_a_usage_error_naming_the_env(tree: SysfsTree, pod_netns: str) -> None:
+    done = podenv(pod_netns, "--sysfs-root", str(tree.sys), env={"LINGJUN_RDMA_HCAS": ""})
+
+    assert done.returncode == 2
+    assert "LINGJUN_RDMA_HCAS" in done.stderr
+
+
+def test_an_hca_missing_from_sysfs_is_named(tree: SysfsTree, pod_netns: str) -> None:
+    _address(pod_netns, f"{POD_A}/64")
+
+    done = podenv(pod_netns, "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0,mlx5_9")
+
+    assert done.returncode == 1
+    assert "mlx5_9: not in" in done.stderr
