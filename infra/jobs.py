@@ -14,16 +14,18 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 # How much longer than a Job's deadline `pulumi up` may wait for the Job controller to fail it.
 AWAIT_BACKSTOP_SECONDS = 60
 
-# Alibaba PAI's NCCL settings for Lingjun's RoCE fabric (REFERENCE §1).
+# Alibaba PAI's NCCL settings for Lingjun's RoCE fabric that hold on every node. Which HCAs,
+# which GID index and which interface depend on the pod: `python -m plugin.podenv` resolves them.
 LINGJUN_NCCL_ENV = {
-    "NCCL_IB_GID_INDEX": "3",
     "NCCL_IB_TC": "136",
     "NCCL_IB_SL": "5",
-    "NCCL_IB_HCA": "mlx5",
     "NCCL_IB_TIMEOUT": "22",
     "NCCL_IB_QPS_PER_CONNECTION": "8",
-    "NCCL_SOCKET_IFNAME": "eth",
 }
+# Where the resolver's output lives in the pod, and the shell line that loads it.
+RDMA_ENV_DIR = "/var/run/lingjun-rdma"
+RDMA_ENV_FILE = f"{RDMA_ENV_DIR}/nccl.env"
+_SOURCE_AND_EXEC = f'set -a && . {RDMA_ENV_FILE} && set +a && exec "$@"'
 
 
 class JobSpecError(ValueError):
@@ -51,6 +53,12 @@ class RdmaJobSpec:
     # A headless Service of this name gives the pods stable DNS names (`<job>-<index>.<name>`).
     headless_service: bool = False
     env: Mapping[str, str] = field(default_factory=dict[str, str])
+    # NCCL settings. With resolve_env they go into the resolved file beside the pod's own HCAs,
+    # GID index and interface; without it, into the container's env.
+    nccl: Mapping[str, str] = field(default_factory=dict[str, str])
+    # Run `python -m plugin.podenv` in an init container and source its output before the
+    # command (the command then runs under `sh`); False leaves the command as it is.
+    resolve_env: bool = True
     working_dir: str | None = None
     node_selector: Mapping[str, str] = field(default_factory=dict[str, str])
     tolerate_all: bool = True
@@ -63,6 +71,8 @@ class RdmaJobArgs:
     namespace: str
     resource_name: str
     non_host_network: bool
+    # The device plugin's image: it carries the resolver the init container runs.
+    plugin_image: pulumi.Input[str]
     # None: no deadline, and `pulumi up` does not wait (pulumi.com/skipAwait). Else Kubernetes
     # fails the Job after this many seconds, and `pulumi up` waits for it to complete or fail.
     deadline_seconds: int | None = None
@@ -133,6 +143,7 @@ class RdmaJob(pulumi.ComponentResource):
                 resource_name=args.resource_name,
                 host_network=host_network,
                 deadline_seconds=args.deadline_seconds,
+                plugin_image=args.plugin_image,
             ),
             opts=job_opts,
         )
@@ -141,7 +152,12 @@ class RdmaJob(pulumi.ComponentResource):
 
 
 def job_spec(
-    spec: RdmaJobSpec, *, resource_name: str, host_network: bool, deadline_seconds: int | None
+    spec: RdmaJobSpec,
+    *,
+    resource_name: str,
+    host_network: bool,
+    deadline_seconds: int | None,
+    plugin_image: pulumi.Input[str],
 ) -> k8s.batch.v1.JobSpecArgs:
     """The typed batch/v1 JobSpec for an RdmaJobSpec."""
     limits = {resource_name: str(spec.rdma)}
@@ -152,19 +168,26 @@ def job_spec(
     if spec.shm_size is not None:
         # NCCL and MPI move data through /dev/shm; the runtime's default 64Mi is far too small.
         mounts.append(k8s.core.v1.VolumeMountArgs(name="shm", mount_path="/dev/shm"))
-        volumes.append(
-            k8s.core.v1.VolumeArgs(
-                name="shm",
-                empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(
-                    medium="Memory", size_limit=spec.shm_size
-                ),
-            )
+        volumes.append(_memory_volume("shm", spec.shm_size))
+    env = dict(spec.env)
+    command = list(spec.command)
+    init_containers: list[k8s.core.v1.ContainerArgs] = []
+    if spec.resolve_env:
+        init_containers.append(
+            _resolver(spec, resource_name, host_network=host_network, image=plugin_image)
         )
+        mounts.append(
+            k8s.core.v1.VolumeMountArgs(name="rdma-env", mount_path=RDMA_ENV_DIR, read_only=True)
+        )
+        volumes.append(_memory_volume("rdma-env", "1Mi"))
+        command = ["sh", "-c", _SOURCE_AND_EXEC, spec.name, *command]
+    else:
+        env = {**spec.nccl, **env}
     container = k8s.core.v1.ContainerArgs(
         name=spec.name,
         image=spec.image,
-        command=list(spec.command),
-        env=[k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in spec.env.items()] or None,
+        command=command,
+        env=[k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in env.items()] or None,
         resources=k8s.core.v1.ResourceRequirementsArgs(limits=limits),
         working_dir=spec.working_dir,
         volume_mounts=mounts or None,
@@ -175,6 +198,7 @@ def job_spec(
         else None,
     )
     pod = k8s.core.v1.PodSpecArgs(
+        init_containers=init_containers or None,
         containers=[container],
         restart_policy="Never",
         volumes=volumes or None,
@@ -193,6 +217,44 @@ def job_spec(
         backoff_limit=spec.backoff_limit,
         active_deadline_seconds=deadline_seconds,
         template=k8s.core.v1.PodTemplateSpecArgs(spec=pod),
+    )
+
+
+def _memory_volume(name: str, size: str) -> k8s.core.v1.VolumeArgs:
+    return k8s.core.v1.VolumeArgs(
+        name=name,
+        empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(medium="Memory", size_limit=size),
+    )
+
+
+def _resolver(
+    spec: RdmaJobSpec, resource_name: str, *, host_network: bool, image: pulumi.Input[str]
+) -> k8s.core.v1.ContainerArgs:
+    """The init container that writes the pod's NCCL settings, resolved in its own network
+    namespace. It asks the same RDMA resource as the workload: the kubelet hands the workload
+    the same devices (an init container's are reused), and Allocate names the HCAs to it."""
+    # Off the host network only IPv6 GIDs can be the pod's own; on it, the host's IPv4 ones.
+    family = "ipv4" if host_network else "ipv6"
+    sets = [arg for k, v in spec.nccl.items() for arg in ("--set", f"{k}={v}")]
+    return k8s.core.v1.ContainerArgs(
+        name="rdma-env",
+        image=image,
+        command=[
+            *("python", "-m", "plugin.podenv", "--family", family, "--out", RDMA_ENV_FILE),
+            *sets,
+        ],
+        resources=k8s.core.v1.ResourceRequirementsArgs(limits={resource_name: str(spec.rdma)}),
+        volume_mounts=[k8s.core.v1.VolumeMountArgs(name="rdma-env", mount_path=RDMA_ENV_DIR)],
+        # its stderr (why no GID fits) becomes the pod's status message when it fails
+        termination_message_policy="FallbackToLogsOnError",
+        # reads sysfs and the namespace's addresses (an unprivileged netlink dump): no privilege
+        security_context=k8s.core.v1.SecurityContextArgs(
+            run_as_user=65534,
+            run_as_non_root=True,
+            allow_privilege_escalation=False,
+            read_only_root_filesystem=True,
+            capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
+        ),
     )
 
 
@@ -254,30 +316,25 @@ def perftest(image: str) -> RdmaJobSpec:
     )
 
 
-def nccl_tests(image: str, *, pod_network: bool = False) -> RdmaJobSpec:
-    """all_reduce_perf over 8 GPUs with Lingjun's NCCL RDMA settings."""
-    env = {**LINGJUN_NCCL_ENV, "NCCL_DEBUG": "INFO"}
-    if pod_network:
-        # GID 3 is the host address's RoCE v2 GID; off the host network the pod's own IPv6
-        # address has another index, so let NCCL pick the GID of that address family instead.
-        del env["NCCL_IB_GID_INDEX"]
-        env["NCCL_IB_ADDR_FAMILY"] = "AF_INET6"
+def nccl_tests(image: str) -> RdmaJobSpec:
+    """all_reduce_perf over 8 GPUs with Lingjun's NCCL RDMA settings; the HCAs, GID index and
+    interface are the pod's own, resolved in its network namespace (on it or off it)."""
     return RdmaJobSpec(
         name="nccl-tests",
         image=image,
         command=("all_reduce_perf", "-b", "8", "-e", "8G", "-f", "2", "-g", "8"),
         gpus=8,
-        env=env,
+        nccl={**LINGJUN_NCCL_ENV, "NCCL_DEBUG": "INFO"},
         backoff_limit=0,
     )
 
 
-def sample(job: str, image: str, *, non_host_network: bool) -> RdmaJobSpec:
-    """The spec of a sample Job (`sampleJobs`) for the stack's network mode."""
+def sample(job: str, image: str) -> RdmaJobSpec:
+    """The spec of a sample Job (`sampleJobs`)."""
     if job == "hps-benchmark":
         return hps_benchmark(image)
     if job == "perftest":
         return perftest(image)
     if job == "nccl-tests":
-        return nccl_tests(image, pod_network=non_host_network)
+        return nccl_tests(image)
     raise JobSpecError(f"no sample Job {job!r}: config.py lists the samples this module builds")

@@ -22,10 +22,7 @@ def main() -> dict[str, pulumi.Output[Any]]:
     """Build the stack; returns what it exported (the offline render reads it)."""
     cfg = config.load()
     # Every Job's network mode is checked before the first resource is planned.
-    specs = [
-        sample(job, _image(cfg, job), non_host_network=cfg.non_host_network)
-        for job in cfg.sample_jobs
-    ]
+    specs = [sample(job, _image(cfg, job)) for job in cfg.sample_jobs]
     for spec in specs:
         resolve_host_network(spec, cfg.non_host_network)
 
@@ -66,6 +63,7 @@ def main() -> dict[str, pulumi.Output[Any]]:
                 namespace=cfg.namespace,
                 resource_name=cfg.rdma_resource_name,
                 non_host_network=cfg.non_host_network,
+                plugin_image=plugin.image,
                 deadline_seconds=cfg.job_deadline_seconds,
             ),
             opts=pulumi.ResourceOptions.merge(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -11,7 +13,7 @@ from pulumi.runtime.settings import get_monitor
 
 from infra.config import SAMPLE_JOBS, StackConfigError
 from infra.device_plugin import registry_endpoint
-from infra.jobs import LINGJUN_NCCL_ENV, sample
+from infra.jobs import LINGJUN_NCCL_ENV, RDMA_ENV_FILE, job_spec, sample
 from infra.render import SECRET, RunResult, manifests, normalize, run_program, stack_config
 from plugin.config import (
     DEFAULT_CONFIG_PATH,
@@ -66,9 +68,11 @@ def test_resource_name_override_reaches_configmap_and_job_limits() -> None:
 
     assert _plugin_config(result).pools[0].resource_name == "example.com/roce"
     for job in k8s_objects(result, "Job"):
-        limits = _pod(job)["containers"][0]["resources"]["limits"]
-        assert limits["example.com/roce"] == "1"
-        assert "rdma/hca" not in limits
+        pod = _pod(job)
+        for container in (pod["containers"][0], pod["initContainers"][0]):
+            limits = container["resources"]["limits"]
+            assert limits["example.com/roce"] == "1"
+            assert "rdma/hca" not in limits
 
 
 @pytest.mark.parametrize(("stack", "non_host_network"), MODES)
@@ -99,8 +103,21 @@ def test_jobs_ask_one_rdma_hca_8gi_memory_shm_and_rdma_capabilities(
         assert pod["restartPolicy"] == "Never"
 
 
-def test_hps_benchmark_is_the_product_docs_job() -> None:
-    job = k8s_object(run("dev"), "Job", "hps-benchmark")
+def _without_the_resolver(job: dict[str, Any]) -> dict[str, Any]:
+    """The Job as it would be without the NCCL env resolver: no init container, no rdma-env
+    volume, the command not wrapped in `sh -c 'source; exec "$@"'`."""
+    job = copy.deepcopy(job)
+    pod = _pod(job)
+    del pod["initContainers"]
+    pod["volumes"] = [v for v in pod["volumes"] if v["name"] != "rdma-env"]
+    container = pod["containers"][0]
+    container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "rdma-env"]
+    container["command"] = container["command"][4:]
+    return job
+
+
+def test_hps_benchmark_is_the_product_docs_job_plus_the_resolver() -> None:
+    job = _without_the_resolver(k8s_object(run("dev"), "Job", "hps-benchmark"))
     doc = yaml.safe_load(HPS_BENCHMARK_FROM_THE_DOC)
     doc["spec"]["template"]["spec"]["containers"][0]["image"] = (
         "registry.cn-wulanchabu.aliyuncs.com/lingjun-rdma/hps-benchmark:0.1.0"
@@ -129,33 +146,88 @@ def test_perftest_is_an_indexed_pair_on_two_nodes_behind_a_headless_service() ->
     assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
     anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
-    script = pod["containers"][0]["command"][2]
+    script = pod["containers"][0]["command"][-1]
     assert "ib_write_bw" in script
     assert "perftest-0.perftest" in script
 
 
-def test_nccl_tests_runs_all_reduce_on_8_gpus_with_lingjun_nccl_env() -> None:
-    container = _pod(k8s_object(run("dev"), "Job", "nccl-tests"))["containers"][0]
-    env = {e["name"]: e["value"] for e in container["env"]}
+def test_nccl_tests_runs_all_reduce_on_8_gpus_with_lingjun_nccl_settings_resolved() -> None:
+    pod = _pod(k8s_object(run("dev"), "Job", "nccl-tests"))
+    container, resolver = pod["containers"][0], pod["initContainers"][0]
 
-    assert container["command"][0] == "all_reduce_perf"
+    assert container["command"][4:] == [
+        "all_reduce_perf",
+        "-b",
+        "8",
+        "-e",
+        "8G",
+        "-f",
+        "2",
+        "-g",
+        "8",
+    ]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
-    assert env["NCCL_IB_GID_INDEX"] == "3"
-    assert env.items() >= LINGJUN_NCCL_ENV.items()
+    # nothing pod-specific is hard-coded: HCAs, GID index and interface come from the resolver
+    assert "env" not in container
+    sets = dict(
+        a.split("=", 1) for a in resolver["command"][resolver["command"].index("--set") :][1::2]
+    )
+    assert sets == {**LINGJUN_NCCL_ENV, "NCCL_DEBUG": "INFO"}
 
 
-def test_nccl_tests_off_the_host_network_lets_nccl_pick_the_pods_ipv6_gid() -> None:
-    container = _pod(k8s_object(run("staging"), "Job", "nccl-tests"))["containers"][0]
-    env = {e["name"]: e["value"] for e in container["env"]}
+@pytest.mark.parametrize(("stack", "family"), [("dev", "ipv4"), ("staging", "ipv6")])
+def test_every_job_resolves_its_nccl_env_in_its_own_namespace_first(
+    stack: str, family: str
+) -> None:
+    result = run(stack)
+    plugin_image = k8s_object(result, "DaemonSet", "rdma-device-plugin")["spec"]["template"][
+        "spec"
+    ]["containers"][0]["image"]
 
-    assert "NCCL_IB_GID_INDEX" not in env
-    assert env["NCCL_IB_ADDR_FAMILY"] == "AF_INET6"
-    assert env["NCCL_IB_HCA"] == "mlx5"
+    jobs = k8s_objects(result, "Job")
+    assert jobs
+    for job in jobs:
+        pod = _pod(job)
+        (resolver,) = pod["initContainers"]
+        container = pod["containers"][0]
+        assert resolver["image"] == plugin_image
+        command = resolver["command"]
+        assert command[:3] == ["python", "-m", "plugin.podenv"]
+        assert command[command.index("--family") + 1] == family
+        assert command[command.index("--out") + 1] == RDMA_ENV_FILE
+        # the same resource: Allocate names the HCAs to it, the workload reuses its devices
+        assert resolver["resources"]["limits"] == {"rdma/hca": "1"}
+        assert resolver["terminationMessagePolicy"] == "FallbackToLogsOnError"
+        assert resolver["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert resolver["securityContext"]["runAsNonRoot"] is True
+        assert container["command"][:2] == ["sh", "-c"]
+        assert f". {RDMA_ENV_FILE}" in container["command"][2]
+        assert {
+            "name": "rdma-env",
+            "mountPath": "/var/run/lingjun-rdma",
+            "readOnly": True,
+        } in container["volumeMounts"]
+        assert {"name": "rdma-env", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}} in pod[
+            "volumes"
+        ]
+
+
+def test_a_job_that_opts_out_runs_its_command_as_is_with_nccl_settings_in_its_env() -> None:
+    spec = dataclasses.replace(sample("nccl-tests", "i:1"), resolve_env=False)
+
+    pod = job_spec(
+        spec, resource_name="rdma/hca", host_network=True, deadline_seconds=None, plugin_image="p:1"
+    ).template.spec  # type: ignore[union-attr]
+
+    assert pod.init_containers is None
+    container = pod.containers[0]
+    assert container.command[0] == "all_reduce_perf"
+    assert {e.name: e.value for e in container.env} == {**LINGJUN_NCCL_ENV, "NCCL_DEBUG": "INFO"}
 
 
 def test_every_configurable_sample_has_a_spec() -> None:
     for job in SAMPLE_JOBS:
-        assert sample(job, "i:1", non_host_network=False).name == job
+        assert sample(job, "i:1").name == job
 
 
 def test_sample_jobs_skip_await_unless_the_stack_sets_a_timeout() -> None:
