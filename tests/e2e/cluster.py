@@ -41,6 +41,10 @@ LINGJUN_LABEL = "alibabacloud.com/lingjun-worker"  # the label the DaemonSet sel
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 # Host sysctls the kubelet sets at start (protectKernelDefaults: false); restored at teardown.
 KERNEL_TUNABLES = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+# The pod network: Debian's CNI plugins (containernetworking-plugins), one bridge of the run's.
+CNI_BIN = Path("/usr/lib/cni")
+CNI_BRIDGE = "ljr-cni0"
+POD_SUBNET = "10.244.77.0/24"
 
 
 def free_port() -> int:
@@ -83,10 +87,12 @@ class Peers:
         for name in ("etcd", "containerd", "ctr", "busybox", "runc"):
             found = shutil.which(name)
             paths[name] = Path(found) if found else Path("/nonexistent") / name
-        for name, path in paths.items():
+        paths_checked = {**paths, "CNI bridge plugin": CNI_BIN / "bridge"}
+        for name, path in paths_checked.items():
             if not os.access(path, os.X_OK):
                 return (
-                    f"{name} ({path}: apt-get install containerd runc etcd-server busybox-static)"
+                    f"{name} ({path}: apt-get install containerd runc etcd-server busybox-static "
+                    "containernetworking-plugins)"
                 )
         return Peers(**paths)
 
@@ -237,9 +243,8 @@ class Cluster:
                 str(self.peers.controller_manager),
                 *common,
                 f"--service-account-private-key-file={pki / 'sa.key'}",
-                # The node has no pod network (no CNI: hostNetwork pods only), so it reports
-                # NotReady; the node lifecycle controller would taint it and evict the
-                # scenarios' pods. Everything else runs.
+                # One node that this run alone starts and stops: no node lifecycle (it would
+                # taint and evict whenever the kubelet restarts in a scenario).
                 "--controllers=*,-node-lifecycle-controller",
             ],
         )
@@ -248,8 +253,8 @@ class Cluster:
     def _containerd(self) -> None:
         ctd = self.root / "ctd"
         cni = self.root / "cni"
-        (cni / "bin").mkdir(parents=True)
-        (cni / "conf").mkdir()
+        (cni / "conf").mkdir(parents=True)
+        (cni / "conf" / "10-e2e.conflist").write_text(json.dumps(self._pod_network(cni)))
         config = ctd / "config.toml"
         config.parent.mkdir()
         config.write_text(
@@ -265,9 +270,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
   restrict_oom_score_adj = true
+  # pod sandboxes' netns mounts under the run's state dir: teardown's unmount frees them
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".cni]
-    # hostNetwork pods only: no CNI plugin is installed, these dirs stay empty
-    bin_dir = "{cni / "bin"}"
+    bin_dir = "{CNI_BIN}"
     conf_dir = "{cni / "conf"}"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
@@ -286,6 +292,28 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             return bool(self.ctr("version"))
 
         eventually(up, 30, "containerd")
+
+    @staticmethod
+    def _pod_network(cni: Path) -> dict[str, object]:
+        """Debian's bridge plugin: pods off the host network get a veth on a bridge of their
+        own with an address from a range of their own; no NAT, no iptables rule."""
+        return {
+            "cniVersion": "1.0.0",
+            "name": "e2e",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": CNI_BRIDGE,
+                    "isGateway": True,
+                    "ipMasq": False,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": POD_SUBNET}]],
+                        "dataDir": str(cni / "ipam"),
+                    },
+                }
+            ],
+        }
 
     def _runc(self) -> Path:
         """runc behind a wrapper that can give containers a fixture sysfs for the node's."""
@@ -416,6 +444,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         steps += [
             self._kill_strays,
             self._unmount,
+            remove_pod_bridge,
             self._remove_cgroups,
             self._restore_tunables,
         ]
@@ -497,6 +526,11 @@ def kill_kubepods() -> None:
                     os.kill(int(pid), signal.SIGKILL)
 
 
+def remove_pod_bridge() -> None:
+    """The CNI bridge outlives its pods; the veths went with their netns."""
+    subprocess.run(["ip", "link", "delete", CNI_BRIDGE], capture_output=True, check=False)
+
+
 def mount_points() -> list[str]:
     """Every mount point, stacked ones repeated (os.path.ismount misses same-fs bind mounts)."""
     return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
@@ -546,6 +580,7 @@ def reap_stale_runs() -> list[Path]:
             unmount_under(root, [])
         unmount_under(Path("/nonexistent"), [DEVICE_PLUGIN_DIR])
         remove_kubepods_cgroups()
+        remove_pod_bridge()
         for root in stale:
             made = root / MADE_DIRS
             for d in made.read_text().split("\n") if made.exists() else []:

@@ -4,7 +4,7 @@
 # module proxy (build_k8s.sh, cached). Prints the bin directory of the built ones (last line).
 set -euo pipefail
 cd "$(dirname "$0")"
-packages=(containerd runc etcd-server busybox-static)
+packages=(containerd runc etcd-server busybox-static containernetworking-plugins)
 missing=$(for p in "${packages[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null \
   | grep -q 'ok installed' || echo "$p"; done)
 if [ -n "$missing" ]; then

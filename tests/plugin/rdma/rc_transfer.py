@@ -2,6 +2,9 @@
 
 Run as a program (what a pod would run), both ends in this one process:
     python3 -m tests.plugin.rdma.rc_transfer rxe0:GID_INDEX rxe1:GID_INDEX [TIMEOUT_S]
+    python3 -m tests.plugin.rdma.rc_transfer --rtr rxe0:GID_INDEX rxe1:GID_INDEX
+(--rtr: only bring the first end's QP to RTR with that source GID, and print what happened: the
+step where MLNX_OFED checks that the source GID's netdev is in the caller's namespace.)
 Each end uses the given GID index as its source GID and the other end's GID as destination,
 so the index picks the address (IPv4-mapped, IPv6, a child netdev's) the packets carry.
 Exits 0 and prints `ok …` when both transfers arrived intact; otherwise raises.
@@ -54,6 +57,16 @@ class End:
 
     def connect(self, peer: End) -> None:
         """RESET -> INIT -> RTR -> RTS towards the peer's QP, addressed by GIDs (RoCE v2)."""
+        attr = self.to_rtr(peer)
+        attr.sq_psn = 0
+        attr.timeout = 14
+        attr.retry_cnt = 7
+        attr.rnr_retry = 7
+        attr.max_rd_atomic = 1
+        self.qp.to_rts(attr)
+
+    def to_rtr(self, peer: End) -> QPAttr:
+        """RESET -> INIT -> RTR: the source GID (its index) is checked here."""
         attr = QPAttr(qp_state=e.IBV_QPS_INIT, cur_qp_state=e.IBV_QPS_RESET)
         attr.qp_access_flags = ACCESS  # before to_init: it is part of the INIT transition
         attr.port_num = PORT
@@ -70,12 +83,7 @@ class End:
         attr.max_dest_rd_atomic = 1
         attr.min_rnr_timer = 12
         self.qp.to_rtr(attr)
-        attr.sq_psn = 0
-        attr.timeout = 14
-        attr.retry_cnt = 7
-        attr.rnr_retry = 7
-        attr.max_rd_atomic = 1
-        self.qp.to_rts(attr)
+        return attr
 
     def wait_completion(self, what: str) -> None:
         deadline = time.monotonic() + POLL_LIMIT_S
@@ -123,6 +131,16 @@ def parse(arg: str) -> tuple[str, int]:
 
 def main(argv: list[str]) -> int:
     global POLL_LIMIT_S
+    if argv[0] == "--rtr":
+        (dev_a, gid_a), (dev_b, gid_b) = parse(argv[1]), parse(argv[2])
+        a, b = End.open(dev_a, gid_a), End.open(dev_b, gid_b)
+        try:
+            a.to_rtr(b)
+        except Exception as exc:  # pyverbs raises PyverbsRDMAError with the errno
+            print(f"RTR refused: {exc}")
+            return 1
+        print(f"RTR ok: {dev_a}[{gid_a}] -> {dev_b}[{gid_b}]")
+        return 0
     (dev_a, gid_a), (dev_b, gid_b) = parse(argv[0]), parse(argv[1])
     if len(argv) > 2:
         POLL_LIMIT_S = float(argv[2])
