@@ -154,6 +154,23 @@ def test_a_qp_in_pod_a_reaches_rtr_with_its_own_gid(two_pods: dict[str, int]) ->
     assert own.startswith("RTR ok"), own
 
 
+def test_on_the_host_network_the_resolver_finds_the_hosts_ipv4_gid() -> None:
+    expected = gid_index(RXE0.ibdev, RXE0.ipv4_gid)
+
+    done = run(
+        *("python3", "-m", "plugin.podenv", "--sysfs-root", "/sys", "--hcas", RXE0.ibdev),
+        *("--family", "ipv4"),
+    )
+
+    env = dict(line.split("=", 1) for line in done.stdout.splitlines())
+    FIGURES.append(
+        f"podenv ({os.uname().release}): host network, ipv4: resolver -> "
+        f"{env['NCCL_IB_GID_INDEX']} ({RXE0.ipv4} on {env['NCCL_SOCKET_IFNAME']})"
+    )
+    assert env["NCCL_IB_GID_INDEX"] == str(expected)
+    assert env["NCCL_SOCKET_IFNAME"] == f"={RXE0.netdev}"
+
+
 def test_an_ipv4_only_child_gets_the_resolvers_clear_failure() -> None:
     netns, ipv4 = IPV4_POD
     try:

@@ -64,6 +64,21 @@ def test_the_host_network_gets_the_hosts_ipv4_gid() -> None:
     assert choice.gid_index == 3
 
 
+def test_the_host_network_finds_its_ipv4_gid_wherever_it_sits_not_at_a_fixed_3() -> None:
+    # the IPv4 address came after an IPv6 one: its RoCE v2 GID is at 5
+    hca = _hca(
+        "mlx5_0",
+        _gid(0, "fe80::1", V1),
+        _gid(1, "fe80::1", V2),
+        _gid(2, "2001:db8::2", V1),
+        _gid(3, "2001:db8::2", V2),
+        _gid(4, "10.0.0.2", V1),
+        _gid(5, "10.0.0.2", V2),
+    )
+
+    assert choose([hca], [_addr("10.0.0.2"), _addr("2001:db8::2")], "ipv4").gid_index == 5
+
+
 def test_a_link_local_address_is_never_matched() -> None:
     # an ipvlan child shares its parent's MAC: its fe80:: address and GID are the host's too
     with pytest.raises(NoGidError) as caught:
