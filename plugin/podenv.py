@@ -7,8 +7,9 @@ of the allocated HCAs and prints one sourceable KEY=VALUE line per variable:
     python -m plugin.podenv [--sysfs-root /sys] [--hcas mlx5_0,mlx5_1] [--family auto|ipv6|ipv4]
                             [--set NCCL_IB_TC=136 ...] [--out FILE]
 
-HCAs default to LINGJUN_RDMA_HCAS (set by the device plugin's Allocate). Family `auto`: ipv6
-when the namespace has a usable IPv6 GID (the only family off the host network), else ipv4.
+HCAs default to LINGJUN_RDMA_HCAS (set by the device plugin's Allocate). Family `auto`: ipv4 on
+the host network (an allocated HCA's netdev is an interface of this namespace), else ipv6 (the
+only family a pod's own GID can have off the host network).
 Exit codes: 0 printed, 1 no usable GID (the message names the HCAs, the addresses and the fix),
 2 bad arguments.
 """
@@ -17,30 +18,25 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from plugin.discovery.model import Hca
 from plugin.discovery.sysfs import SysfsDiscovery
-from plugin.gidchoice import Choice, Family, NoGidError, NsAddress, choose
+from plugin.gidchoice import Choice, Family, NoGidError, choose
 from plugin.netaddrs import namespace_addresses
 from plugin.pool import HCAS_ENV
 
 FAMILIES: tuple[Family, ...] = ("ipv6", "ipv4")
 
 
-def resolve(hcas: Sequence[Hca], addresses: Sequence[NsAddress], family: str) -> Choice:
-    """The choice for one family, or for `auto` the first family that has one."""
-    if family != "auto":
-        return choose(hcas, addresses, "ipv6" if family == "ipv6" else "ipv4")
-    errors: list[str] = []
-    for candidate in FAMILIES:
-        try:
-            return choose(hcas, addresses, candidate)
-        except NoGidError as exc:
-            errors.append(str(exc))
-    raise NoGidError(errors[0])  # ipv6's: the mode this resolver exists for
+def auto_family(hcas: Sequence[Hca], ifnames: set[str]) -> Family:
+    """ipv4 on the host network, ipv6 off it. sysfs shows a namespace only its own netdevs: in a
+    pod's, an HCA's PCI function lists none and its netdev is not among the interfaces."""
+    on_host = any(n in ifnames for h in hcas for n in h.netdevs)
+    return "ipv4" if on_host else "ipv6"
 
 
 def render(choice: Choice, extra: dict[str, str]) -> str:
@@ -90,7 +86,13 @@ def main(argv: list[str] | None = None) -> int:
             f"(its Allocate sets {HCAS_ENV})"
         )
     try:
-        choice = resolve(_read_hcas(args.sysfs_root, names), namespace_addresses(), args.family)
+        hcas = _read_hcas(args.sysfs_root, names)
+        family: Family = (
+            auto_family(hcas, {n for _, n in socket.if_nameindex()})
+            if args.family == "auto"
+            else args.family
+        )
+        choice = choose(hcas, namespace_addresses(), family)
     except NoGidError as exc:
         print(f"lingjun-rdma podenv: {exc}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ from tests.plugin.veth_netns import ip
 
 REPO = Path(__file__).resolve().parents[3]
 POD_A, POD_B = "fd77::10", "fd77::11"
+HOST_NETDEV = "ens1f0"  # the HCA's netdev: an interface of the host's namespace, not a pod's
 # the port's one table in shared netns mode: the host's GIDs, then pod A's and pod B's
 GIDS = [
     ("fe80::1", "IB/RoCE v1"),
@@ -33,7 +34,7 @@ GIDS = [
 @pytest.fixture
 def tree(tmp_path: Path) -> SysfsTree:
     tree = SysfsTree(tmp_path / "node").rdma_cm()
-    tree.add_pci_hca("mlx5_0", pci="0000:03:00.0", ports=[PortSpec(netdev="eth0", gids=GIDS)])
+    tree.add_pci_hca("mlx5_0", pci="0000:03:00.0", ports=[PortSpec(netdev=HOST_NETDEV, gids=GIDS)])
     return tree
 
 
@@ -54,8 +55,8 @@ def pod_netns() -> Iterator[str]:
         ip("netns", "delete", name)
 
 
-def _address(netns: str, cidr: str) -> None:
-    ip("-n", netns, "addr", "add", cidr, "dev", "eth0", *(["nodad"] if ":" in cidr else []))
+def _address(netns: str, cidr: str, dev: str = "eth0") -> None:
+    ip("-n", netns, "addr", "add", cidr, "dev", dev, *(["nodad"] if ":" in cidr else []))
 
 
 def podenv(
@@ -121,15 +122,30 @@ def test_an_ipv4_only_namespace_fails_with_the_hcas_addresses_and_fix(
     assert "nonHostNetwork: true with computeNetworkIpv6: true" in message
 
 
-def test_family_auto_falls_back_to_ipv4_on_a_host_like_namespace(
+def test_family_auto_is_ipv4_on_the_host_network_where_the_hcas_netdev_is(
     tree: SysfsTree, pod_netns: str
 ) -> None:
-    _address(pod_netns, "10.0.0.2/24")
+    # the namespace holds the HCA's own netdev, with the host's addresses: the host network
+    ip("-n", pod_netns, "link", "set", "peer0", "name", HOST_NETDEV)
+    _address(pod_netns, "10.0.0.2/24", HOST_NETDEV)
+    _address(pod_netns, f"{POD_A}/64", HOST_NETDEV)
 
     done = podenv(pod_netns, "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0")
 
     assert done.returncode == 0, done.stderr
     assert "NCCL_IB_GID_INDEX=3" in done.stdout.splitlines()
+    assert f"NCCL_SOCKET_IFNAME=={HOST_NETDEV}" in done.stdout.splitlines()
+
+
+def test_family_auto_is_ipv6_off_the_host_network(tree: SysfsTree, pod_netns: str) -> None:
+    # a pod's namespace: its eth0 has an IPv4 address with a GID too, but is not the HCA's netdev
+    _address(pod_netns, "10.0.0.2/24")
+    _address(pod_netns, f"{POD_B}/64")
+
+    done = podenv(pod_netns, "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0")
+
+    assert done.returncode == 0, done.stderr
+    assert "NCCL_IB_GID_INDEX=7" in done.stdout.splitlines()
 
 
 def test_no_hcas_is_a_usage_error_naming_the_env(tree: SysfsTree, pod_netns: str) -> None:

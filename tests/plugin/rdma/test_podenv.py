@@ -105,7 +105,7 @@ def test_each_pod_gets_its_own_gid_index_where_nccls_own_rule_does_not(
     nccl_ranged = nccl_auto_gid_index(gids, 6, "fd77::/64")
     resolved: dict[str, int] = {}
     for netns, index in two_pods.items():
-        code, env, err = podenv(netns, "--family", "ipv6")
+        code, env, err = podenv(netns)  # family auto: rxe0's netdev is not in a pod's netns
         assert code == 0, err
         assert env["NCCL_IB_HCA"] == f"={RXE0.ibdev}:1"
         assert env["NCCL_SOCKET_IFNAME"] == "=eth0"
@@ -157,14 +157,12 @@ def test_a_qp_in_pod_a_reaches_rtr_with_its_own_gid(two_pods: dict[str, int]) ->
 def test_on_the_host_network_the_resolver_finds_the_hosts_ipv4_gid() -> None:
     expected = gid_index(RXE0.ibdev, RXE0.ipv4_gid)
 
-    done = run(
-        *("python3", "-m", "plugin.podenv", "--sysfs-root", "/sys", "--hcas", RXE0.ibdev),
-        *("--family", "ipv4"),
-    )
+    # family auto: rxe0's netdev is an interface of this namespace, the host's
+    done = run("python3", "-m", "plugin.podenv", "--sysfs-root", "/sys", "--hcas", RXE0.ibdev)
 
     env = dict(line.split("=", 1) for line in done.stdout.splitlines())
     FIGURES.append(
-        f"podenv ({os.uname().release}): host network, ipv4: resolver -> "
+        f"podenv ({os.uname().release}): host network, family auto: resolver -> "
         f"{env['NCCL_IB_GID_INDEX']} ({RXE0.ipv4} on {env['NCCL_SOCKET_IFNAME']})"
     )
     assert env["NCCL_IB_GID_INDEX"] == str(expected)
