@@ -130,9 +130,9 @@ def gids_at(gids: list[SysfsGid], index: int) -> str:
 
 def test_a_qp_in_pod_a_reaches_rtr_with_its_own_gid(two_pods: dict[str, int]) -> None:
     peer = gid_index(RXE1.ibdev, RXE1.ipv6)
-    host = gid_index(RXE0.ibdev, RXE0.ipv6)
     assert peer is not None
-    assert host is not None
+    # the host's GID that NCCL's own rule would give the pod (its netdev's link-local one)
+    host = nccl_auto_gid_index(sysfs_gids(RXE0.ibdev), 6)
 
     def rtr(index: int) -> str:
         done = run(
