@@ -60,6 +60,14 @@ class RenderError(RuntimeError):
     """The render cannot produce a correct output; nothing was written."""
 
 
+class InputError(RenderError):
+    """A stack file or the output directory the command refuses (exit 2); nothing was written."""
+
+
+# Written into every directory a render makes: only such a directory is ever replaced.
+MARKER = ".lingjun-render"
+
+
 @dataclass(frozen=True)
 class Registered:
     """One resource the program registered, with its inputs as the engine received them."""
@@ -158,10 +166,8 @@ def stack_config(
     if not stack_file.is_file():
         known = sorted(p.name.split(".")[1] for p in (project_dir / "stacks").glob("Pulumi.*.yaml"))
         raise RenderError(f"--stack {stack}: no {stack_file}; stacks: {', '.join(known)}")
-    project: dict[str, Any] = yaml.safe_load((project_dir / "Pulumi.yaml").read_text())
-    stack_doc: dict[str, Any] = yaml.safe_load(stack_file.read_text())
-    defaults: dict[str, Any] = project.get("config") or {}
-    values: dict[str, Any] = stack_doc.get("config") or {}
+    defaults = _config_section(project_dir / "Pulumi.yaml", required=False)
+    values = _config_section(stack_file, required=True)
     config: dict[str, str] = {}
     secret_keys: list[str] = []
     for key, schema in defaults.items():
@@ -183,6 +189,31 @@ def stack_config(
             # as `pulumi config set --secret` would store it
             secret_keys.append(_qualify(key))
     return config, secret_keys
+
+
+def _config_section(path: Path, *, required: bool) -> dict[str, Any]:
+    """The `config:` mapping of a Pulumi project or stack file, or InputError in one line."""
+    where = path.relative_to(PROJECT_DIR) if path.is_relative_to(PROJECT_DIR) else path
+    try:
+        doc: Any = yaml.safe_load(path.read_text())
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise InputError(f"{where}: {at}{exc.problem or exc}") from None
+    except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{where}: {exc}") from None
+    if doc is None:
+        if required:
+            raise InputError(f"{where}: empty: it needs a `config:` mapping of the stack's keys")
+        return {}
+    if not isinstance(doc, dict):
+        found = type(doc).__name__
+        raise InputError(f"{where}: a {found}, not a mapping with a `config:` key")
+    config: Any = cast(dict[str, Any], doc).get("config") or {}
+    if not isinstance(config, dict):
+        found = type(config).__name__
+        raise InputError(f"{where}: `config:` is a {found}, not a mapping of keys to values")
+    return cast(dict[str, Any], config)
 
 
 def _qualify(key: str) -> str:
@@ -321,28 +352,62 @@ def plan_markdown(stack: str, result: RunResult, files: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_out(out: Path) -> None:
+    """`out` must be new, empty, or a previous render's (it holds MARKER): render replaces it
+    as a whole, and must never delete what it did not write."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise InputError(f"--out {out}: not a directory: name a new or empty directory")
+    if out.is_dir():
+        try:
+            entries = sorted(p.name for p in out.iterdir())
+        except OSError as exc:
+            raise InputError(f"--out {out}: {exc.strerror}") from None
+        if entries and MARKER not in entries:
+            shown = ", ".join(entries[:3]) + (", …" if len(entries) > 3 else "")
+            raise InputError(
+                f"--out {out}: holds files a render did not write ({shown}): it would be "
+                "replaced as a whole; name a new or empty directory, or one a render wrote"
+            )
+
+
 def render(stack: str, out: Path, overrides: list[str] | None = None) -> list[Path]:
     """Render the stack into `out` (replaced as a whole, only on success); returns the files."""
+    out = out.resolve()
+    check_out(out)
     config, secret_keys = stack_config(stack, overrides)
     result = run_program(stack, config, secret_keys)
     check_unique(result)
     objects = manifests(result)
     for manifest in objects:
         validate(manifest)
+    try:
+        _write(out, stack, result, objects)
+    except OSError as exc:
+        raise InputError(f"--out {out}: {exc.strerror}: {exc.filename or out}") from None
+    return sorted(out.iterdir())
+
+
+def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any]]) -> None:
+    """Write into a new directory beside `out`, then swap it in: `out` holds either the old
+    render or the new one, never a mix."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    old = staging.with_name(staging.name + ".old")
     try:
         names = [file_name(m) for m in objects]
         for name, manifest in zip(names, objects, strict=True):
             (staging / name).write_text(yaml.dump(manifest, Dumper=_Dumper, sort_keys=False))
         (staging / "plan.md").write_text(plan_markdown(stack, result, names))
+        (staging / MARKER).write_text(f"written by python -m infra.render --stack {stack}\n")
         if out.exists():
-            shutil.rmtree(out)
+            out.rename(old)
         staging.rename(out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        if old.exists() and not out.exists():
+            old.rename(out)
         raise
-    return sorted(out.iterdir())
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         files = render(args.stack, args.out, args.set)
+    except InputError as exc:
+        print(f"render: {args.stack}: error: {exc}", file=sys.stderr)
+        return 2
     except (RenderError, StackConfigError, JobSpecError, ConfigError) as exc:
         print(f"render: {args.stack}: error:\n{exc}", file=sys.stderr)
         return 1

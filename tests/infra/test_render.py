@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -12,9 +15,11 @@ import yaml
 
 from infra.render import (
     KUBERNETES_VERSION,
+    MARKER,
     OFFLINE_KUBECONFIG,
     PROJECT_DIR,
     SECRET,
+    InputError,
     Registered,
     RenderError,
     RunResult,
@@ -113,14 +118,103 @@ def test_render_is_deterministic(tmp_path: Path) -> None:
 
 def test_failed_render_leaves_the_previous_output_untouched(tmp_path: Path) -> None:
     out = tmp_path / "dev"
-    out.mkdir()
-    (out / "plan.md").write_text("previous")
+    render("dev", out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
 
     with pytest.raises(Exception, match="nonHostNetwork"):
         render("dev", out, ["nonHostNetwork=true"])
 
     assert [p.name for p in tmp_path.iterdir()] == ["dev"]
-    assert (out / "plan.md").read_text() == "previous"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_render_replaces_its_own_previous_output_as_a_whole(tmp_path: Path) -> None:
+    out = tmp_path / "dev"
+    render("dev", out)
+    (out / "job-lingjun-rdma-stale.yaml").write_text("from an older render\n")
+
+    files = render("local", out)
+
+    assert out / "job-lingjun-rdma-stale.yaml" not in files
+    assert (out / MARKER).is_file()
+    assert "stack `local`" in (out / "plan.md").read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["dev"]
+
+
+def _render_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "infra.render", "--stack", "dev", *args],
+        cwd=cwd, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_out_dot_in_a_directory_of_other_files_is_refused_and_deletes_nothing(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "src").mkdir()
+
+    done = _render_cli(tmp_path, "--out", ".")
+
+    assert done.returncode == 2
+    assert "holds files a render did not write (notes.txt, src)" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "src"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_out_naming_a_regular_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "out").write_text("a file")
+
+    done = _render_cli(tmp_path, "--out", "out")
+
+    assert done.returncode == 2
+    assert f"--out {tmp_path / 'out'}: not a directory" in done.stderr
+    assert (tmp_path / "out").read_text() == "a file"
+
+
+def test_out_where_nothing_can_be_written_is_one_line_naming_the_path(tmp_path: Path) -> None:
+    done = _render_cli(tmp_path, "--out", "/proc/lingjun-render")
+
+    assert done.returncode == 2
+    assert done.stderr.startswith("render: dev: error: --out /proc/lingjun-render: ")
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in done.stderr
+
+
+def test_out_naming_an_empty_directory_is_used(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+
+    done = _render_cli(tmp_path, "--out", "empty")
+
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "empty" / MARKER).is_file()
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("config:\n  lingjun-rdma:ipv6: [true\n", "line 3, column 1: "),
+        ("- lingjun-rdma:ipv6\n", "a list, not a mapping with a `config:` key"),
+        ("", "empty: it needs a `config:` mapping"),
+        ("config: [a, b]\n", "`config:` is a list, not a mapping"),
+        ("\xff\xfe", ""),
+    ],
+)
+def test_a_bad_stack_file_is_one_line_naming_the_file(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    shutil.copy(PROJECT_DIR / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "Pulumi.bad.yaml").write_bytes(text.encode("latin-1"))
+
+    with pytest.raises(InputError) as caught:
+        stack_config("bad", project_dir=tmp_path)
+
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / 'stacks' / 'Pulumi.bad.yaml'}: {problem}")
+    assert "\n" not in message
 
 
 def test_cli_exits_non_zero_with_the_message_on_a_config_error(
