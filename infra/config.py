@@ -7,12 +7,12 @@ import json
 import re
 from collections.abc import Mapping, Set
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
 import yaml
 from pulumi.runtime import is_config_secret
 from pulumi.runtime.config import CONFIG, get_config_env
-from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationError
 from pydantic.alias_generators import to_camel
 
 from plugin.config import (
@@ -45,6 +45,21 @@ def _set(name: str, value: str) -> str:
     return f"(pulumi config set {_key(name)} {value})"
 
 
+def _true_or_false(value: object) -> object:
+    """Pulumi's `boolean` is the text true or false; pydantic alone would take yes, on, 1."""
+    if isinstance(value, str) and value not in ("true", "false"):
+        raise ValueError(f"{value!r} is not a boolean: use true or false")
+    return value
+
+
+Flag = Annotated[bool, BeforeValidator(_true_or_false)]
+# At most the nodes of one ACK node pool (1000): a Lingjun node group holds tens; a slip like
+# 100000000 fails here, before any resource is planned, not at the cloud API.
+MAX_NODE_COUNT = 1000
+# A Kubernetes namespace name is an RFC 1123 label.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
 class StackConfig(BaseModel):
     """Every key of the `lingjun-rdma` namespace; defaults live in Pulumi.yaml's schema."""
 
@@ -61,21 +76,21 @@ class StackConfig(BaseModel):
     vpc_cidr: str
     vswitch_cidrs: tuple[str, ...]
     service_cidr: str
-    ipv6: bool
-    compute_network_ipv6: bool
+    ipv6: Flag
+    compute_network_ipv6: Flag
     lingjun_cluster_id: str | None = None
     lingjun_node_group_id: str | None = None
     lingjun_machine_type: str | None = None
     lingjun_image_id: str | None = None
     lingjun_hpn_zone: str | None = None
     lingjun_node_count: int
-    non_host_network: bool
+    non_host_network: Flag
     rdma_resource_name: str
     rdma_max_allocations: int
     rdma_pool_mode: Literal["shared", "exclusive"]
     namespace: str
     plugin_image: str | None = None
-    plugin_image_build: bool
+    plugin_image_build: Flag
     acr_instance_id: str | None = None
     registry_username: str | None = None
     registry_password: SecretStr | None = None
@@ -282,8 +297,11 @@ def _check_cluster(c: StackConfig) -> list[str]:
                     f"{_set(key, '<value>')}, or adopt an existing one "
                     f"{_set('lingjunNodeGroupId', '<eflo node group id>')}"
                 )
-    if c.lingjun_node_count < 0:
-        problems.append(f"{_key('lingjunNodeCount')}: must be >= 0 {_set('lingjunNodeCount', '2')}")
+    if not 0 <= c.lingjun_node_count <= MAX_NODE_COUNT:
+        problems.append(
+            f"{_key('lingjunNodeCount')}: {c.lingjun_node_count} is not 0..{MAX_NODE_COUNT} "
+            f"(the nodes of one node pool) {_set('lingjunNodeCount', '2')}"
+        )
     return problems
 
 
@@ -334,6 +352,12 @@ def _check_cidrs(c: StackConfig) -> list[str]:
 
 def _check_rdma(c: StackConfig) -> list[str]:
     problems: list[str] = []
+    if not _DNS_LABEL.match(c.namespace):
+        problems.append(
+            f"{_key('namespace')}: {c.namespace!r} is not a Kubernetes namespace name (lower "
+            "case letters, digits and '-', at most 63, starting and ending with a letter or "
+            f"digit) {_set('namespace', 'lingjun-rdma')}"
+        )
     try:
         check_resource_name(c.rdma_resource_name, field=_key("rdmaResourceName"))
     except ConfigError as exc:

@@ -315,3 +315,26 @@ def test_pulumi_yaml_schema_declares_exactly_the_models_keys() -> None:
     project = yaml.safe_load((PROJECT_DIR / "Pulumi.yaml").read_text())
 
     assert set(project["config"]) == known_keys()
+
+
+@pytest.mark.parametrize("value", ["yes", "on", "1", "True"])
+def test_booleans_are_true_or_false_only(value: str) -> None:
+    message = _error(ipv6=value)
+
+    assert message.startswith("lingjun-rdma:ipv6:")
+    assert f"{value!r} is not a boolean: use true or false" in message
+
+
+@pytest.mark.parametrize("count", ["-1", "1001", "100000000"])
+def test_node_count_is_bounded_by_one_node_pool(count: str) -> None:
+    message = _error(lingjunNodeCount=count)
+
+    assert f"lingjun-rdma:lingjunNodeCount: {count} is not 0..1000" in message
+
+
+@pytest.mark.parametrize("name", ["Bad_NS", "-lead", "trail-", "a" * 64, "dots.in.it"])
+def test_namespace_must_be_a_kubernetes_namespace_name(name: str) -> None:
+    message = _error(namespace=name)
+
+    assert f"lingjun-rdma:namespace: {name!r} is not a Kubernetes namespace name" in message
+    assert "pulumi config set lingjun-rdma:namespace lingjun-rdma" in message
