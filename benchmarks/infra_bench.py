@@ -27,7 +27,8 @@ PROCESS_RUNS = 3
 def _program_under_mocks() -> None:
     sys.path.insert(0, str(ROOT))
     t0 = time.perf_counter()
-    from infra.render import run_program, stack_config
+    from infra.offline import run_program
+    from infra.stackfiles import stack_config
 
     imported = time.perf_counter() - t0
     config, secret_keys = stack_config(STACK)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from infra.config import PROJECT_DIR
-from infra.render import Registered, RunResult, manifests, run_program, stack_config
+from infra.offline import Registered, RunResult, manifests, run_program
+from infra.stackfiles import stack_config
 
 # Every committed stack file: a new one is covered by every stack-parametrized test.
 STACKS = tuple(sorted(p.name.split(".")[1] for p in (PROJECT_DIR / "stacks").glob("Pulumi.*.yaml")))

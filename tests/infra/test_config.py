@@ -15,7 +15,8 @@ from infra.config import (
     parse,
 )
 from infra.jobs import JobSpecError, RdmaJobSpec, resolve_host_network
-from infra.render import RecordingMocks, run_program, stack_config
+from infra.offline import RecordingMocks, run_program
+from infra.stackfiles import stack_config
 from tests.infra.conftest import STACKS
 
 

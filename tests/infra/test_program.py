@@ -14,7 +14,8 @@ from pulumi.runtime.settings import get_monitor
 from infra.config import SAMPLE_JOBS, StackConfigError
 from infra.device_plugin import registry_endpoint
 from infra.jobs import LINGJUN_NCCL_ENV, RDMA_ENV_FILE, job_spec, sample
-from infra.render import SECRET, RunResult, manifests, normalize, run_program, stack_config
+from infra.offline import SECRET, RunResult, manifests, normalize, run_program
+from infra.stackfiles import stack_config
 from plugin.config import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_DEVICE_PLUGIN_DIR,

@@ -13,22 +13,17 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from infra.render import (
-    KUBERNETES_VERSION,
-    MARKER,
+from infra.config import PROJECT_DIR
+from infra.offline import (
     OFFLINE_KUBECONFIG,
-    PROJECT_DIR,
     SECRET,
-    InputError,
     Registered,
     RenderError,
     RunResult,
     check_unique,
-    main,
-    render,
-    stack_config,
-    validate,
 )
+from infra.render import KUBERNETES_VERSION, MARKER, main, render, validate
+from infra.stackfiles import StackFileError, stack_config
 from tests.infra.conftest import STACKS, run
 
 
@@ -209,7 +204,7 @@ def test_a_bad_stack_file_is_one_line_naming_the_file(
     (tmp_path / "stacks").mkdir()
     (tmp_path / "stacks" / "Pulumi.bad.yaml").write_bytes(text.encode("latin-1"))
 
-    with pytest.raises(InputError) as caught:
+    with pytest.raises(StackFileError) as caught:
         stack_config("bad", project_dir=tmp_path)
 
     message = str(caught.value)
@@ -232,12 +227,12 @@ def test_cli_names_the_known_stacks_for_an_unknown_one(
 ) -> None:
     code = main(["--stack", "qa", "--out", str(tmp_path / "o")])
 
-    assert code == 1
+    assert code == 2
     assert "stacks: dev, local, prod, staging" in capsys.readouterr().err
 
 
 def test_set_needs_key_equals_value() -> None:
-    with pytest.raises(RenderError, match="expected KEY=VALUE"):
+    with pytest.raises(StackFileError, match="expected KEY=VALUE"):
         stack_config("dev", ["nonHostNetwork"])
 
 

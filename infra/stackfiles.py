@@ -1,0 +1,92 @@
+"""Stack config as the Pulumi CLI would hand it to the program, read from the files: Pulumi.yaml's
+defaults, then stacks/Pulumi.<stack>.yaml, then KEY=VALUE overrides (mocks read none of them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+
+from infra.config import CREDENTIAL_KEYS, PROJECT, PROJECT_DIR
+from infra.offline import SECRET
+
+
+class StackFileError(ValueError):
+    """A stack file, project file or override that cannot be read: one line naming it."""
+
+
+def stack_config(
+    stack: str, overrides: list[str] | None = None, project_dir: Path = PROJECT_DIR
+) -> tuple[dict[str, str], list[str]]:
+    """Pulumi.yaml defaults, then stacks/Pulumi.<stack>.yaml, then KEY=VALUE overrides."""
+    stack_file = project_dir / "stacks" / f"Pulumi.{stack}.yaml"
+    if not stack_file.is_file():
+        known = sorted(p.name.split(".")[1] for p in (project_dir / "stacks").glob("Pulumi.*.yaml"))
+        raise StackFileError(f"--stack {stack}: no {stack_file}; stacks: {', '.join(known)}")
+    defaults = _config_section(project_dir / "Pulumi.yaml", required=False)
+    values = _config_section(stack_file, required=True)
+    config: dict[str, str] = {}
+    secret_keys: list[str] = []
+    for key, schema in defaults.items():
+        if isinstance(schema, dict) and "default" in schema:
+            config[_qualify(key)] = _as_config_string(schema["default"])
+    for key, value in values.items():
+        if isinstance(value, dict) and "secure" in value:
+            # Only the Pulumi CLI can decrypt; the render shows where a secret goes, not its value.
+            config[_qualify(key)] = SECRET
+            secret_keys.append(_qualify(key))
+        else:
+            config[_qualify(key)] = _as_config_string(value)
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise StackFileError(
+                f"--set {item!r}: expected KEY=VALUE, e.g. --set nonHostNetwork=true"
+            )
+        config[_qualify(key)] = value
+        if key in CREDENTIAL_KEYS and _qualify(key) not in secret_keys:
+            # as `pulumi config set --secret` would store it
+            secret_keys.append(_qualify(key))
+    return config, secret_keys
+
+
+def _config_section(path: Path, *, required: bool) -> dict[str, Any]:
+    """The `config:` mapping of a Pulumi project or stack file, or StackFileError in one line."""
+    where = path.relative_to(PROJECT_DIR) if path.is_relative_to(PROJECT_DIR) else path
+    try:
+        doc: Any = yaml.safe_load(path.read_text())
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise StackFileError(f"{where}: {at}{exc.problem or exc}") from None
+    except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
+        raise StackFileError(f"{where}: {exc}") from None
+    if doc is None:
+        if required:
+            raise StackFileError(
+                f"{where}: empty: it needs a `config:` mapping of the stack's keys"
+            )
+        return {}
+    if not isinstance(doc, dict):
+        found = type(doc).__name__
+        raise StackFileError(f"{where}: a {found}, not a mapping with a `config:` key")
+    config: Any = cast(dict[str, Any], doc).get("config") or {}
+    if not isinstance(config, dict):
+        found = type(config).__name__
+        raise StackFileError(f"{where}: `config:` is a {found}, not a mapping of keys to values")
+    return cast(dict[str, Any], config)
+
+
+def _qualify(key: str) -> str:
+    return key if ":" in key else f"{PROJECT}:{key}"
+
+
+def _as_config_string(value: Any) -> str:
+    """Config values as the Pulumi CLI hands them to a program: strings, JSON for structures."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return str(value)
