@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.alicloud import cs, eflo
+from infra.config import AckCluster, AdoptedLingjunGroup, CreateCluster, KubeconfigCluster
 from infra.network import Network
 
 # Created with the cluster because ACK installs them only at creation (or by hand later).
@@ -23,29 +22,6 @@ CLUSTER_ADDONS = (
 )
 
 
-@dataclass(frozen=True)
-class LingjunGroup:
-    """The eflo (Lingjun) cluster and node group to create when none is adopted."""
-
-    machine_type: str
-    image_id: str
-    hpn_zone: str
-    zone_id: str
-    compute_network_ipv6: bool
-
-
-@dataclass(frozen=True)
-class ClusterArgs:
-    kubernetes_version: str | None
-    service_cidr: str
-    ipv6: bool
-    node_count: int
-    # Adopt an existing Lingjun node group (both set) or create one (`create_group`).
-    lingjun_cluster_id: str | None
-    lingjun_node_group_id: str | None
-    create_group: LingjunGroup | None
-
-
 class Cluster(pulumi.ComponentResource):
     """ACK Pro (`ack.pro.small`) + a `lingjun` node pool backed by an eflo node group."""
 
@@ -57,7 +33,7 @@ class Cluster(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        args: ClusterArgs,
+        args: CreateCluster,
         network: Network,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -68,10 +44,10 @@ class Cluster(pulumi.ComponentResource):
             name=name,
             cluster_spec="ack.pro.small",
             version=args.kubernetes_version,
-            ip_stack="dual" if args.ipv6 else "ipv4",
+            ip_stack="dual" if args.network.ipv6 else "ipv4",
             vswitch_ids=network.vswitch_ids,
             pod_vswitch_ids=network.vswitch_ids,
-            service_cidr=args.service_cidr,
+            service_cidr=args.network.service_cidr,
             new_nat_gateway=True,
             # Pulumi applies the Kubernetes objects from outside the VPC.
             slb_internet_enabled=True,
@@ -105,13 +81,12 @@ class Cluster(pulumi.ComponentResource):
 
     @staticmethod
     def _lingjun_group(
-        name: str, args: ClusterArgs, network: Network, child: pulumi.ResourceOptions
+        name: str, args: CreateCluster, network: Network, child: pulumi.ResourceOptions
     ) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
-        group = args.create_group
-        if group is None:
-            assert args.lingjun_cluster_id is not None, "config.py: lingjunClusterId required"
-            assert args.lingjun_node_group_id is not None, "config.py: lingjunNodeGroupId required"
-            return args.lingjun_cluster_id, args.lingjun_node_group_id
+        group = args.group
+        if isinstance(group, AdoptedLingjunGroup):
+            return group.cluster_id, group.node_group_id
+        zone_id = args.network.zone_ids[0]
         lingjun = eflo.Cluster(
             f"{name}-eflo",
             cluster_name=name,
@@ -120,10 +95,10 @@ class Cluster(pulumi.ComponentResource):
             networks=eflo.ClusterNetworksArgs(
                 # The compute network's IP version is fixed at creation; nonHostNetwork RDMA
                 # works only when it is IPv6 (the product doc's precondition).
-                tail_ip_version="ipv6" if group.compute_network_ipv6 else "ipv4",
+                tail_ip_version="ipv6" if args.compute_network_ipv6 else "ipv4",
                 vpc_id=network.vpc_id,
                 vswitch_id=network.vswitch_ids[0],
-                vswitch_zone_id=group.zone_id,
+                vswitch_zone_id=zone_id,
             ),
             opts=child,
         )
@@ -131,8 +106,8 @@ class Cluster(pulumi.ComponentResource):
             f"{name}-eflo-group",
             node_group_name=f"{name}-group",
             cluster_id=lingjun.id,
-            az=group.zone_id,
-            zone_id=group.zone_id,
+            az=zone_id,
+            zone_id=zone_id,
             machine_type=group.machine_type,
             image_id=group.image_id,
             opts=child,
@@ -150,17 +125,14 @@ class ExistingCluster(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        *,
-        cluster_id: str | None,
-        kubeconfig: str | None,
+        args: KubeconfigCluster | AckCluster,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("lingjun:cluster:ExistingCluster", name, None, opts)
-        if kubeconfig is not None:
-            self.kubeconfig = pulumi.Output.secret(kubeconfig)
+        if isinstance(args, KubeconfigCluster):
+            self.kubeconfig = pulumi.Output.secret(args.kubeconfig.get_secret_value())
         else:
-            assert cluster_id is not None, "config.py refuses existing mode without either"
-            self.kubeconfig = _credential(pulumi.Output.from_input(cluster_id), self)
+            self.kubeconfig = _credential(pulumi.Output.from_input(args.cluster_id), self)
         self.provider = kubernetes_provider(f"{name}-k8s", self.kubeconfig, self)
         self.register_outputs({"kubeconfig": self.kubeconfig})
 

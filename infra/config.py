@@ -1,36 +1,35 @@
-"""Stack config: THE ONLY module reading Pulumi config; returns one frozen, validated model."""
+"""Stack config: THE ONLY module reading Pulumi config; returns one frozen, validated model whose
+types say what is legal (create or adopt a cluster, pin or build the plugin image)."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
 import re
-from collections.abc import Mapping, Set
+from collections.abc import Iterable, Mapping, Set
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
 
 import yaml
-from pulumi.runtime import is_config_secret
-from pulumi.runtime.config import CONFIG, get_config_env
+from pulumi.runtime import get_config, get_config_env, is_config_secret
 from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationError
 from pydantic.alias_generators import to_camel
 
+from infra.jobs import SAMPLES
 from plugin.config import (
     DEFAULT_MAX_ALLOCATIONS,
     DEFAULT_RESOURCE_NAME,
     ConfigError,
+    PluginConfig,
+    Pool,
     check_resource_name,
 )
 
 PROJECT = "lingjun-rdma"
 PROJECT_DIR = Path(__file__).resolve().parent.parent  # Pulumi.yaml, stacks/
-SAMPLE_JOBS = ("hps-benchmark", "perftest", "nccl-tests")
-# Which config key holds each sample Job's image.
-SAMPLE_IMAGE_KEYS = {
-    "hps-benchmark": "hpsBenchmarkImage",
-    "perftest": "perftestImage",
-    "nccl-tests": "ncclTestsImage",
-}
+# Which config key holds each sample Job's image, from the catalogue.
+_IMAGE_KEYS = {s.image_key: name for name, s in SAMPLES.items()}
 
 
 class StackConfigError(ValueError):
@@ -60,8 +59,119 @@ MAX_NODE_COUNT = 1000
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-class StackConfig(BaseModel):
-    """Every key of the `lingjun-rdma` namespace; defaults live in Pulumi.yaml's schema."""
+@dataclass(frozen=True)
+class NetworkPlan:
+    """The VPC and vSwitches a created cluster lives in."""
+
+    vpc_cidr: str
+    vswitch_cidrs: tuple[str, ...]
+    zone_ids: tuple[str, ...]
+    ipv6: bool
+    service_cidr: str
+
+
+@dataclass(frozen=True)
+class NewLingjunGroup:
+    """Create the eflo (Lingjun) cluster and node group."""
+
+    machine_type: str
+    image_id: str
+    hpn_zone: str
+
+
+@dataclass(frozen=True)
+class AdoptedLingjunGroup:
+    """An existing eflo cluster and node group, by id."""
+
+    cluster_id: str
+    node_group_id: str
+
+
+@dataclass(frozen=True)
+class CreateCluster:
+    """VPC + ACK Pro + a Lingjun node pool on a new or adopted eflo node group."""
+
+    network: NetworkPlan
+    kubernetes_version: str | None
+    group: NewLingjunGroup | AdoptedLingjunGroup
+    node_count: int
+    compute_network_ipv6: bool
+
+
+@dataclass(frozen=True)
+class KubeconfigCluster:
+    """Any existing cluster, by its kubeconfig: no cloud account involved."""
+
+    kubeconfig: SecretStr
+
+
+@dataclass(frozen=True)
+class AckCluster:
+    """An existing ACK cluster by id: its kubeconfig comes from ACK."""
+
+    cluster_id: str
+
+
+@dataclass(frozen=True)
+class PinnedImage:
+    ref: str  # by digest, or a tag other than latest
+
+
+@dataclass(frozen=True)
+class RegistryLogin:
+    username: str
+    password: SecretStr
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    """plugin/Dockerfile built and pushed to an ACR Enterprise Edition instance."""
+
+    acr_instance_id: str
+    # None: push with the deployer's `docker login`, pull with ACK's credential helper
+    login: RegistryLogin | None
+
+
+@dataclass(frozen=True)
+class SampleJob:
+    name: str  # a key of infra.jobs.SAMPLES
+    image: str
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """A stack, validated: each union says which of its legal shapes the stack has."""
+
+    region: str
+    cluster: CreateCluster | KubeconfigCluster | AckCluster
+    plugin_image: PinnedImage | BuiltImage
+    # The plugin's own model (one pool, the network mode): its rules are the plugin's.
+    plugin: PluginConfig
+    namespace: str
+    samples: tuple[SampleJob, ...]
+    # jobAwaitTimeout in seconds: the sample Jobs' activeDeadlineSeconds; None: not awaited
+    job_deadline_seconds: int | None
+    plugin_await_timeout: str
+
+    @property
+    def non_host_network(self) -> bool:
+        return self.plugin.non_host_network
+
+    @property
+    def resource_name(self) -> str:
+        return self.plugin.pools[0].resource_name
+
+    @property
+    def needs_cloud(self) -> bool:
+        """Anything talks to Alibaba Cloud (an adopted kubeconfig alone does not)."""
+        return not isinstance(self.cluster, KubeconfigCluster) or isinstance(
+            self.plugin_image, BuiltImage
+        )
+
+
+class _Keys(BaseModel):
+    """Every key of the `lingjun-rdma` namespace but the sample images, as typed values;
+    defaults live in Pulumi.yaml's schema."""
 
     model_config = ConfigDict(
         extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
@@ -95,34 +205,12 @@ class StackConfig(BaseModel):
     registry_username: str | None = None
     registry_password: SecretStr | None = None
     sample_jobs: tuple[str, ...]
-    hps_benchmark_image: str | None = None
-    perftest_image: str | None = None
-    nccl_tests_image: str | None = None
     job_await_timeout: str | None = None
     plugin_await_timeout: str
 
     @property
     def creates_cluster(self) -> bool:
         return self.cluster_mode == "create"
-
-    @property
-    def creates_eflo_group(self) -> bool:
-        """No existing Lingjun node group given: the program creates the eflo cluster and group."""
-        return self.creates_cluster and self.lingjun_node_group_id is None
-
-    @property
-    def job_deadline_seconds(self) -> int | None:
-        """jobAwaitTimeout in seconds: the sample Jobs' activeDeadlineSeconds."""
-        if self.job_await_timeout is None:
-            return None
-        return duration_seconds(self.job_await_timeout)
-
-    def sample_image(self, job: str) -> str | None:
-        return {
-            "hps-benchmark": self.hps_benchmark_image,
-            "perftest": self.perftest_image,
-            "nccl-tests": self.nccl_tests_image,
-        }[job]
 
 
 # A duration in one whole unit: what Pulumi's custom timeouts and activeDeadlineSeconds share.
@@ -141,7 +229,7 @@ def duration_seconds(duration: str) -> int:
 
 
 _LIST_KEYS = {"zoneIds", "vswitchCidrs", "sampleJobs"}
-_KNOWN_KEYS = {f.alias or to_camel(n) for n, f in StackConfig.model_fields.items()}
+_KNOWN_KEYS = {f.alias or to_camel(n) for n, f in _Keys.model_fields.items()} | set(_IMAGE_KEYS)
 
 
 def known_keys() -> frozenset[str]:
@@ -149,27 +237,33 @@ def known_keys() -> frozenset[str]:
     return frozenset(_KNOWN_KEYS)
 
 
-def load() -> StackConfig:
-    """Read and validate the stack's config (CLI env or set_all_config under mocks)."""
-    merged: dict[str, Any] = {**get_config_env(), **CONFIG.get()}
+def unknown_key_problems(keys: Iterable[str]) -> list[str]:
+    """A line per key of the namespace that this project does not know (a misspelling)."""
     prefix = f"{PROJECT}:"
-    present = {k.removeprefix(prefix) for k in merged if k.startswith(prefix)}
-    unknown = sorted(present - _KNOWN_KEYS)
-    if unknown:
-        raise StackConfigError(
-            "\n".join(
-                f"{_key(k)}: unknown key: fix its spelling or remove it "
-                f"(pulumi config rm {_key(k)}); known keys: {', '.join(sorted(_KNOWN_KEYS))}"
-                for k in unknown
-            )
-        )
+    unknown = sorted({k.removeprefix(prefix) for k in keys if k.startswith(prefix)} - _KNOWN_KEYS)
+    return [
+        f"{_key(k)}: unknown key: fix its spelling or remove it (pulumi config rm {_key(k)}); "
+        f"known keys: {', '.join(sorted(_KNOWN_KEYS))}"
+        for k in unknown
+    ]
+
+
+def load() -> StackConfig:
+    """Read and validate the stack's config through Pulumi's public config API.
+
+    Unknown keys: the CLI hands the program every key in PULUMI_CONFIG, the one place a public
+    API lists them; the offline render checks its stack files itself (infra/stackfiles.py).
+    """
+    problems = unknown_key_problems(get_config_env())
+    if problems:
+        raise StackConfigError("\n".join(problems))
     # Raw strings, not pulumi.Config.get: that warns on secret keys, and the model wraps those
     # (kubeconfig, registryPassword) in SecretStr until a component marks them secret outputs.
-    raw = {
-        k.removeprefix(prefix): str(v)
-        for k, v in merged.items()
-        if k.startswith(prefix) and v is not None and str(v) != ""
-    }
+    raw: dict[str, str] = {}
+    for key in sorted(_KNOWN_KEYS):
+        value = get_config(_key(key))
+        if value is not None and str(value) != "":
+            raw[key] = str(value)
     secret = {k for k in CREDENTIAL_KEYS if is_config_secret(_key(k))}
     return parse(raw, secret)
 
@@ -180,9 +274,12 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
     `secret`: the keys whose value the stack stores encrypted (`pulumi config set --secret`).
     """
     values: dict[str, Any] = {}
+    images: dict[str, str] = {}
     problems = _check_plaintext_credentials(raw, secret)
     for key, value in raw.items():
-        if key in _LIST_KEYS:
+        if key in _IMAGE_KEYS:
+            images[key] = value
+        elif key in _LIST_KEYS:
             try:
                 values[key] = json.loads(value)
             except json.JSONDecodeError:
@@ -192,13 +289,36 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
     if problems:
         raise StackConfigError("\n".join(problems))
     try:
-        model = StackConfig.model_validate(values)
+        k = _Keys.model_validate(values)
     except ValidationError as exc:
         raise StackConfigError("\n".join(_describe(e) for e in exc.errors())) from None
-    problems = _check(model)
-    if problems:
+    # Each part reads its keys into its type, or says why it cannot; all problems at once.
+    cluster, cluster_problems = _cluster(k)
+    image, image_problems = _plugin_image(k)
+    plugin, plugin_problems = _plugin_config(k)
+    samples, sample_problems = _samples(k, images)
+    deadline, timeout_problems = _timeouts(k)
+    problems = [
+        *_check_network_mode(k),
+        *cluster_problems,
+        *_check_namespace(k),
+        *plugin_problems,
+        *image_problems,
+        *sample_problems,
+        *timeout_problems,
+    ]
+    if problems or cluster is None or image is None or plugin is None:
         raise StackConfigError("\n".join(problems))
-    return model
+    return StackConfig(
+        region=k.region,
+        cluster=cluster,
+        plugin_image=image,
+        plugin=plugin,
+        namespace=k.namespace,
+        samples=samples,
+        job_deadline_seconds=deadline,
+        plugin_await_timeout=k.plugin_await_timeout,
+    )
 
 
 def _check_plaintext_credentials(raw: Mapping[str, str], secret: Set[str]) -> list[str]:
@@ -246,20 +366,8 @@ def _describe(error: Any) -> str:
     return f"{_key(key)}: {error['msg']} {_set(key, '<value>')}"
 
 
-def _check(c: StackConfig) -> list[str]:
-    return [
-        *_check_network_mode(c),
-        *_check_cluster(c),
-        *_check_cidrs(c),
-        *_check_rdma(c),
-        *_check_image(c),
-        *_check_samples(c),
-        *_check_timeouts(c),
-    ]
-
-
-def _check_network_mode(c: StackConfig) -> list[str]:
-    if c.non_host_network and not c.compute_network_ipv6:
+def _check_network_mode(k: _Keys) -> list[str]:
+    if k.non_host_network and not k.compute_network_ipv6:
         # The managed add-on accepts this and silently does nothing; we refuse it.
         return [
             f"{_key('nonHostNetwork')}: true needs {_key('computeNetworkIpv6')}: true: RDMA for "
@@ -270,50 +378,73 @@ def _check_network_mode(c: StackConfig) -> list[str]:
     return []
 
 
-def _check_cluster(c: StackConfig) -> list[str]:
-    problems: list[str] = []
-    if c.cluster_mode == "existing":
-        if c.cluster_id is None and c.kubeconfig is None:
-            problems.append(
-                f"{_key('clusterMode')}: existing needs {_key('clusterId')} or "
-                f"{_key('kubeconfig')} {_set('clusterId', '<ACK cluster id>')} or "
-                f"(pulumi config set --secret {_key('kubeconfig')} < ~/.kube/config)"
-            )
-        return problems
-    if c.lingjun_node_group_id is not None and c.lingjun_cluster_id is None:
+Cluster = CreateCluster | KubeconfigCluster | AckCluster
+
+
+def _cluster(k: _Keys) -> tuple[Cluster | None, list[str]]:
+    if k.cluster_mode == "existing":
+        if k.kubeconfig is not None:
+            return KubeconfigCluster(k.kubeconfig), []
+        if k.cluster_id is not None:
+            return AckCluster(k.cluster_id), []
+        return None, [
+            f"{_key('clusterMode')}: existing needs {_key('clusterId')} or "
+            f"{_key('kubeconfig')} {_set('clusterId', '<ACK cluster id>')} or "
+            f"(pulumi config set --secret {_key('kubeconfig')} < ~/.kube/config)"
+        ]
+    group, problems = _lingjun_group(k)
+    network, cidr_problems = _network(k)
+    problems += cidr_problems
+    if not 0 <= k.lingjun_node_count <= MAX_NODE_COUNT:
         problems.append(
-            f"{_key('lingjunNodeGroupId')}: needs the Lingjun cluster it belongs to "
-            f"{_set('lingjunClusterId', '<eflo cluster id>')}"
-        )
-    if c.creates_eflo_group:
-        for key, value in (
-            ("lingjunMachineType", c.lingjun_machine_type),
-            ("lingjunImageId", c.lingjun_image_id),
-            ("lingjunHpnZone", c.lingjun_hpn_zone),
-        ):
-            if value is None:
-                problems.append(
-                    f"{_key(key)}: required to create the Lingjun node group "
-                    f"{_set(key, '<value>')}, or adopt an existing one "
-                    f"{_set('lingjunNodeGroupId', '<eflo node group id>')}"
-                )
-    if not 0 <= c.lingjun_node_count <= MAX_NODE_COUNT:
-        problems.append(
-            f"{_key('lingjunNodeCount')}: {c.lingjun_node_count} is not 0..{MAX_NODE_COUNT} "
+            f"{_key('lingjunNodeCount')}: {k.lingjun_node_count} is not 0..{MAX_NODE_COUNT} "
             f"(the nodes of one node pool) {_set('lingjunNodeCount', '2')}"
         )
-    return problems
+    if group is None or network is None or problems:
+        return None, problems
+    cluster = CreateCluster(
+        network=network,
+        kubernetes_version=k.kubernetes_version,
+        group=group,
+        node_count=k.lingjun_node_count,
+        compute_network_ipv6=k.compute_network_ipv6,
+    )
+    return cluster, []
 
 
-def _check_cidrs(c: StackConfig) -> list[str]:
-    if not c.creates_cluster:
-        return []
+def _lingjun_group(k: _Keys) -> tuple[NewLingjunGroup | AdoptedLingjunGroup | None, list[str]]:
+    """An adopted node group (both ids), or the inputs to create one."""
+    if k.lingjun_node_group_id is not None:
+        if k.lingjun_cluster_id is None:
+            return None, [
+                f"{_key('lingjunNodeGroupId')}: needs the Lingjun cluster it belongs to "
+                f"{_set('lingjunClusterId', '<eflo cluster id>')}"
+            ]
+        return AdoptedLingjunGroup(k.lingjun_cluster_id, k.lingjun_node_group_id), []
+    inputs = {
+        "lingjunMachineType": k.lingjun_machine_type,
+        "lingjunImageId": k.lingjun_image_id,
+        "lingjunHpnZone": k.lingjun_hpn_zone,
+    }
+    missing = [
+        f"{_key(key)}: required to create the Lingjun node group "
+        f"{_set(key, '<value>')}, or adopt an existing one "
+        f"{_set('lingjunNodeGroupId', '<eflo node group id>')}"
+        for key, value in inputs.items()
+        if value is None
+    ]
+    if k.lingjun_machine_type and k.lingjun_image_id and k.lingjun_hpn_zone:
+        return NewLingjunGroup(k.lingjun_machine_type, k.lingjun_image_id, k.lingjun_hpn_zone), []
+    return None, missing
+
+
+def _network(k: _Keys) -> tuple[NetworkPlan | None, list[str]]:
     problems: list[str] = []
     nets: dict[str, ipaddress.IPv4Network] = {}
     for key, value in (
-        ("vpcCidr", c.vpc_cidr),
-        ("serviceCidr", c.service_cidr),
-        *((f"vswitchCidrs[{i}]", v) for i, v in enumerate(c.vswitch_cidrs)),
+        ("vpcCidr", k.vpc_cidr),
+        ("serviceCidr", k.service_cidr),
+        *((f"vswitchCidrs[{i}]", v) for i, v in enumerate(k.vswitch_cidrs)),
     ):
         try:
             nets[key] = ipaddress.IPv4Network(value)
@@ -321,16 +452,16 @@ def _check_cidrs(c: StackConfig) -> list[str]:
             base = key.split("[")[0]
             problems.append(f"{_key(key)}: {value!r} is not an IPv4 CIDR ({exc}) {_set(base, '…')}")
     if problems:
-        return problems
-    if not c.vswitch_cidrs:
+        return None, problems
+    if not k.vswitch_cidrs:
         problems.append(f"{_key('vswitchCidrs')}: list at least one {_set('vswitchCidrs', '[…]')}")
-    if len(c.zone_ids) != len(c.vswitch_cidrs):
+    if len(k.zone_ids) != len(k.vswitch_cidrs):
         problems.append(
-            f"{_key('zoneIds')}: one zone per vSwitch CIDR ({len(c.vswitch_cidrs)} CIDRs, "
-            f"{len(c.zone_ids)} zones) {_set('zoneIds', '[...]')}"
+            f"{_key('zoneIds')}: one zone per vSwitch CIDR ({len(k.vswitch_cidrs)} CIDRs, "
+            f"{len(k.zone_ids)} zones) {_set('zoneIds', '[...]')}"
         )
     vpc = nets["vpcCidr"]
-    switches = [(k, n) for k, n in nets.items() if k.startswith("vswitchCidrs")]
+    switches = [(key, n) for key, n in nets.items() if key.startswith("vswitchCidrs")]
     for key, net in switches:
         if not net.subnet_of(vpc):
             problems.append(
@@ -347,32 +478,56 @@ def _check_cidrs(c: StackConfig) -> list[str]:
             f"{_key('serviceCidr')}: {nets['serviceCidr']} overlaps {_key('vpcCidr')} {vpc}: "
             f"Service IPs must not collide with node IPs {_set('serviceCidr', '172.16.0.0/16')}"
         )
-    return problems
+    plan = NetworkPlan(k.vpc_cidr, k.vswitch_cidrs, k.zone_ids, k.ipv6, k.service_cidr)
+    return (None if problems else plan), problems
 
 
-def _check_rdma(c: StackConfig) -> list[str]:
-    problems: list[str] = []
-    if not _DNS_LABEL.match(c.namespace):
-        problems.append(
-            f"{_key('namespace')}: {c.namespace!r} is not a Kubernetes namespace name (lower "
-            "case letters, digits and '-', at most 63, starting and ending with a letter or "
-            f"digit) {_set('namespace', 'lingjun-rdma')}"
-        )
+def _check_namespace(k: _Keys) -> list[str]:
+    if _DNS_LABEL.match(k.namespace):
+        return []
+    return [
+        f"{_key('namespace')}: {k.namespace!r} is not a Kubernetes namespace name (lower "
+        "case letters, digits and '-', at most 63, starting and ending with a letter or "
+        f"digit) {_set('namespace', 'lingjun-rdma')}"
+    ]
+
+
+# Which stack key holds each field of the plugin's Pool (its errors name the field).
+_POOL_KEYS = {"name": "rdmaResourceName", "prefix": "rdmaResourceName",
+              "max_allocations": "rdmaMaxAllocations", "mode": "rdmaPoolMode"}  # fmt: skip
+
+
+def _plugin_config(k: _Keys) -> tuple[PluginConfig | None, list[str]]:
+    """The plugin's own config from the stack keys: the plugin's model decides what is legal."""
+    key = "rdmaResourceName"
     try:
-        check_resource_name(c.rdma_resource_name, field=_key("rdmaResourceName"))
+        check_resource_name(k.rdma_resource_name, field=_key(key))
     except ConfigError as exc:
-        problems.append(f"{exc} {_set('rdmaResourceName', DEFAULT_RESOURCE_NAME)}")
-    if c.rdma_pool_mode == "exclusive" and c.rdma_max_allocations != DEFAULT_MAX_ALLOCATIONS:
-        problems.append(
-            f"{_key('rdmaMaxAllocations')}: applies to shared pools only (an exclusive pool has "
-            f"one ID per HCA) (pulumi config rm {_key('rdmaMaxAllocations')})"
-        )
-    if not 1 <= c.rdma_max_allocations <= 100_000:
-        problems.append(
-            f"{_key('rdmaMaxAllocations')}: must be 1..100000 "
-            f"{_set('rdmaMaxAllocations', str(DEFAULT_MAX_ALLOCATIONS))}"
-        )
-    return problems
+        return None, [f"{exc} {_set(key, DEFAULT_RESOURCE_NAME)}"]
+    prefix, _, name = k.rdma_resource_name.partition("/")
+    fields: dict[str, Any] = {"name": name, "prefix": prefix, "mode": k.rdma_pool_mode}
+    if k.rdma_pool_mode == "shared" or k.rdma_max_allocations != DEFAULT_MAX_ALLOCATIONS:
+        fields["max_allocations"] = k.rdma_max_allocations  # the plugin refuses it if exclusive
+    try:
+        pool = Pool.model_validate(fields)
+    except ValidationError as exc:
+        return None, [_pool_problem(e) for e in exc.errors()]
+    return PluginConfig(non_host_network=k.non_host_network, pools=(pool,)), []
+
+
+def _pool_problem(error: Any) -> str:
+    msg = str(error["msg"]).removeprefix("Value error, ")
+    loc = error["loc"]
+    if loc:
+        key = _POOL_KEYS.get(str(loc[0]), "rdmaResourceName")
+    else:  # the pool as a whole: say which key by what the plugin says
+        key = "rdmaMaxAllocations" if "maxAllocations" in msg else "rdmaResourceName"
+    fix = (
+        f"(pulumi config rm {_key(key)})"
+        if key == "rdmaMaxAllocations" and "shared pools only" in msg
+        else _set(key, str(DEFAULT_MAX_ALLOCATIONS) if key == "rdmaMaxAllocations" else "…")
+    )
+    return f"{_key(key)}: {msg} {fix}"
 
 
 def is_pinned(image: str) -> bool:
@@ -383,79 +538,95 @@ def is_pinned(image: str) -> bool:
     return ":" in last and not last.endswith(":") and not image.endswith(":latest")
 
 
-def _check_image(c: StackConfig) -> list[str]:
-    if c.plugin_image_build:
-        problems: list[str] = []
-        if c.plugin_image is not None:
-            problems.append(
-                f"{_key('pluginImage')}: set together with {_key('pluginImageBuild')}: true; pick "
-                f"one (pulumi config rm {_key('pluginImage')})"
-            )
-        if c.acr_instance_id is None:
-            problems.append(
-                f"{_key('acrInstanceId')}: required with {_key('pluginImageBuild')}: true, the ACR "
-                "Enterprise Edition instance to push to (the Personal Edition is deprecated) "
-                f"{_set('acrInstanceId', 'cri-<id>')}"
-            )
-        elif not re.fullmatch(r"cri-[a-z0-9]+", c.acr_instance_id):
-            problems.append(
-                f"{_key('acrInstanceId')}: {c.acr_instance_id!r} is not an ACR Enterprise "
-                f"Edition instance ID {_set('acrInstanceId', 'cri-<id>')}"
-            )
-        if (c.registry_username is None) != (c.registry_password is None):
-            problems.append(
-                f"{_key('registryUsername')}/{_key('registryPassword')}: give both, or neither "
-                "to push with your own `docker login` "
-                f"(pulumi config set --secret {_key('registryPassword')} <password>)"
-            )
-        return problems
-    if c.acr_instance_id is not None:
-        return [
+def _plugin_image(k: _Keys) -> tuple[PinnedImage | BuiltImage | None, list[str]]:
+    if k.plugin_image_build:
+        return _built_image(k)
+    if k.acr_instance_id is not None:
+        return None, [
             f"{_key('acrInstanceId')}: only used with {_key('pluginImageBuild')}: true "
             f"(pulumi config rm {_key('acrInstanceId')})"
         ]
-    if c.plugin_image is None:
-        return [
+    if k.plugin_image is None:
+        return None, [
             f"{_key('pluginImage')}: required unless {_key('pluginImageBuild')}: true "
             f"{_set('pluginImage', '<registry>/<repo>@sha256:<digest>')} or "
             f"{_set('pluginImageBuild', 'true')}"
         ]
-    if not is_pinned(c.plugin_image):
-        return [
-            f"{_key('pluginImage')}: {c.plugin_image!r} is not pinned: give a digest or a tag "
+    if not is_pinned(k.plugin_image):
+        return None, [
+            f"{_key('pluginImage')}: {k.plugin_image!r} is not pinned: give a digest or a tag "
             f"other than latest {_set('pluginImage', '<registry>/<repo>@sha256:<digest>')}"
         ]
-    return []
+    return PinnedImage(k.plugin_image), []
 
 
-def _check_timeouts(c: StackConfig) -> list[str]:
+def _built_image(k: _Keys) -> tuple[BuiltImage | None, list[str]]:
     problems: list[str] = []
-    if not _DURATION.match(c.plugin_await_timeout):
+    if k.plugin_image is not None:
         problems.append(
-            f"{_key('pluginAwaitTimeout')}: {c.plugin_await_timeout!r} is not a duration like "
+            f"{_key('pluginImage')}: set together with {_key('pluginImageBuild')}: true; pick "
+            f"one (pulumi config rm {_key('pluginImage')})"
+        )
+    if k.acr_instance_id is None:
+        problems.append(
+            f"{_key('acrInstanceId')}: required with {_key('pluginImageBuild')}: true, the ACR "
+            "Enterprise Edition instance to push to (the Personal Edition is deprecated) "
+            f"{_set('acrInstanceId', 'cri-<id>')}"
+        )
+    elif not re.fullmatch(r"cri-[a-z0-9]+", k.acr_instance_id):
+        problems.append(
+            f"{_key('acrInstanceId')}: {k.acr_instance_id!r} is not an ACR Enterprise "
+            f"Edition instance ID {_set('acrInstanceId', 'cri-<id>')}"
+        )
+    login = None
+    if k.registry_username is not None and k.registry_password is not None:
+        login = RegistryLogin(k.registry_username, k.registry_password)
+    elif (k.registry_username is None) != (k.registry_password is None):
+        problems.append(
+            f"{_key('registryUsername')}/{_key('registryPassword')}: give both, or neither "
+            "to push with your own `docker login` "
+            f"(pulumi config set --secret {_key('registryPassword')} <password>)"
+        )
+    if problems or k.acr_instance_id is None:
+        return None, problems
+    return BuiltImage(k.acr_instance_id, login), []
+
+
+def _timeouts(k: _Keys) -> tuple[int | None, list[str]]:
+    """The Jobs' deadline in seconds (None: not awaited), after both durations are checked."""
+    problems: list[str] = []
+    if not _DURATION.match(k.plugin_await_timeout):
+        problems.append(
+            f"{_key('pluginAwaitTimeout')}: {k.plugin_await_timeout!r} is not a duration like "
             f"10m or 1h {_set('pluginAwaitTimeout', '10m')}"
         )
-    if c.job_await_timeout is not None and not _DURATION.match(c.job_await_timeout):
+    if k.job_await_timeout is None:
+        return None, problems
+    if not _DURATION.match(k.job_await_timeout):
         problems.append(
-            f"{_key('jobAwaitTimeout')}: {c.job_await_timeout!r} is not a duration like 30m or "
+            f"{_key('jobAwaitTimeout')}: {k.job_await_timeout!r} is not a duration like 30m or "
             f"2h {_set('jobAwaitTimeout', '30m')}, or unset it to skip awaiting "
             f"(pulumi config rm {_key('jobAwaitTimeout')})"
         )
-    return problems
+        return None, problems
+    return duration_seconds(k.job_await_timeout), problems
 
 
-def _check_samples(c: StackConfig) -> list[str]:
+def _samples(k: _Keys, images: Mapping[str, str]) -> tuple[tuple[SampleJob, ...], list[str]]:
+    samples: list[SampleJob] = []
     problems: list[str] = []
-    for job in c.sample_jobs:
-        if job not in SAMPLE_JOBS:
+    for name in k.sample_jobs:
+        sample = SAMPLES.get(name)
+        if sample is None:
             problems.append(
-                f"{_key('sampleJobs')}: unknown sample {job!r}; choose from "
-                f"{', '.join(SAMPLE_JOBS)} {_set('sampleJobs', json.dumps(list(SAMPLE_JOBS)))}"
+                f"{_key('sampleJobs')}: unknown sample {name!r}; choose from "
+                f"{', '.join(SAMPLES)} {_set('sampleJobs', json.dumps(list(SAMPLES)))}"
             )
-        elif c.sample_image(job) is None:
-            key = SAMPLE_IMAGE_KEYS[job]
+        elif sample.image_key not in images:
             problems.append(
-                f"{_key(key)}: required because {_key('sampleJobs')} enables {job} "
-                f"{_set(key, '<image>:<tag>')}"
+                f"{_key(sample.image_key)}: required because {_key('sampleJobs')} enables "
+                f"{name} {_set(sample.image_key, '<image>:<tag>')}"
             )
-    return problems
+        else:
+            samples.append(SampleJob(name, images[sample.image_key]))
+    return tuple(samples), problems

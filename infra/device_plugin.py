@@ -12,7 +12,7 @@ import pulumi_docker_build as docker_build
 import pulumi_kubernetes as k8s
 
 from infra.alicloud import cs
-from infra.config import StackConfigError
+from infra.config import BuiltImage, PinnedImage, RegistryLogin, StackConfigError
 from plugin.config import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_DEVICE_PLUGIN_DIR,
@@ -29,24 +29,14 @@ APP_LABEL = "app.kubernetes.io/name"
 
 
 @dataclass(frozen=True)
-class ImageBuild:
-    """Build plugin/Dockerfile and push it to a repository we create in an ACR Enterprise
-    Edition instance (the Personal Edition's resources are deprecated in pulumi-alicloud 4)."""
-
-    acr_instance_id: str  # "cri-…"
-    registry_namespace: str
-    # ACR login for the push and an image pull Secret. None: push with the deployer's own
-    # `docker login`, pull with ACK's ACR credential helper add-on.
-    username: str | None
-    password: str | None  # wrapped as a secret output before it reaches any resource
-
-
-@dataclass(frozen=True)
 class DevicePluginArgs:
     namespace: str
     plugin_config: PluginConfig
-    image: str | None
-    build: ImageBuild | None
+    # Pinned, or built from plugin/Dockerfile and pushed to a repository created in an ACR
+    # Enterprise Edition instance (the Personal Edition's resources are deprecated).
+    image: PinnedImage | BuiltImage
+    # The ACR namespace a built image goes to (one per stack).
+    registry_namespace: str
     # How long `pulumi up` waits for the DaemonSet to roll out (a duration such as 10m).
     await_timeout: str
 
@@ -69,31 +59,23 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
             opts=child,
         )
         in_ns = pulumi.ResourceOptions(parent=self, depends_on=[namespace])
-        if args.build is not None:
+        if isinstance(args.image, BuiltImage):
+            build = args.image
             # The instance's internet domain ("<instance name>-registry.<region>.cr.aliyuncs.com"):
             # the push runs on the deployer's machine, outside the VPC.
-            instance_id = args.build.acr_instance_id
             registry = cs.get_registry_enterprise_instances_output(
-                ids=[instance_id], opts=pulumi.InvokeOutputOptions(parent=self)
+                ids=[build.acr_instance_id], opts=pulumi.InvokeOutputOptions(parent=self)
             ).instances.apply(
                 lambda found: registry_endpoint(
-                    instance_id, found[0].public_endpoints if found else []
+                    build.acr_instance_id, found[0].public_endpoints if found else []
                 )
             )
-            self.image = self._build_image(name, args.build, registry, child)
-            if args.build.username is not None and args.build.password is not None:
-                secret = self._pull_secret(
-                    name,
-                    args.namespace,
-                    registry,
-                    args.build.username,
-                    args.build.password,
-                    in_ns,
-                )
+            self.image = self._build_image(name, build, args.registry_namespace, registry, child)
+            if build.login is not None:
+                secret = self._pull_secret(name, args.namespace, registry, build.login, in_ns)
                 pull_secrets.append(k8s.core.v1.LocalObjectReferenceArgs(name=secret))
         else:
-            assert args.image is not None, "config.py requires pluginImage or pluginImageBuild"
-            self.image = pulumi.Output.from_input(args.image)
+            self.image = pulumi.Output.from_input(args.image.ref)
         labels = {APP_LABEL: name}
         account = k8s.core.v1.ServiceAccount(
             f"{name}-sa",
@@ -137,14 +119,15 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
     def _build_image(
         self,
         name: str,
-        build: ImageBuild,
+        build: BuiltImage,
+        registry_namespace: str,
         registry: pulumi.Output[str],
         child: pulumi.ResourceOptions,
     ) -> pulumi.Output[str]:
         namespace = cs.RegistryEnterpriseNamespace(
             f"{name}-acr-ns",
             instance_id=build.acr_instance_id,
-            name=build.registry_namespace,
+            name=registry_namespace,
             auto_create=False,
             default_visibility="PRIVATE",
             opts=child,
@@ -168,11 +151,11 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
             registries=[
                 docker_build.RegistryArgs(
                     address=registry,
-                    username=build.username,
-                    password=pulumi.Output.secret(build.password),
+                    username=build.login.username,
+                    password=pulumi.Output.secret(build.login.password.get_secret_value()),
                 )
             ]
-            if build.username is not None and build.password is not None
+            if build.login is not None
             else None,
             opts=child,
         )
@@ -184,14 +167,14 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
         name: str,
         namespace: str,
         registry: pulumi.Output[str],
-        username: str,
-        password: str,
+        login: RegistryLogin,
         opts: pulumi.ResourceOptions,
     ) -> str:
         secret_name = f"{name}-pull"
         # secret from the password on: everything derived from it stays secret
-        config = pulumi.Output.all(registry, pulumi.Output.secret(password)).apply(
-            lambda v: json.dumps({"auths": {v[0]: {"username": username, "password": v[1]}}})
+        password = pulumi.Output.secret(login.password.get_secret_value())
+        config = pulumi.Output.all(registry, password).apply(
+            lambda v: json.dumps({"auths": {v[0]: {"username": login.username, "password": v[1]}}})
         )
         k8s.core.v1.Secret(
             f"{name}-pull",

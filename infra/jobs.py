@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import pulumi
@@ -70,7 +70,8 @@ class RdmaJobArgs:
     spec: RdmaJobSpec
     namespace: str
     resource_name: str
-    non_host_network: bool
+    # resolve_host_network's answer for this Job in the stack's mode
+    host_network: bool
     # The device plugin's image: it carries the resolver the init container runs.
     plugin_image: pulumi.Input[str]
     # None: no deadline, and `pulumi up` does not wait (pulumi.com/skipAwait). Else Kubernetes
@@ -102,7 +103,7 @@ class RdmaJob(pulumi.ComponentResource):
     ) -> None:
         super().__init__("lingjun:rdma:Job", name, None, opts)
         spec = args.spec
-        host_network = resolve_host_network(spec, args.non_host_network)
+        host_network = args.host_network
         child = pulumi.ResourceOptions(parent=self)
         if spec.headless_service:
             k8s.core.v1.Service(
@@ -329,12 +330,17 @@ def nccl_tests(image: str) -> RdmaJobSpec:
     )
 
 
-def sample(job: str, image: str) -> RdmaJobSpec:
-    """The spec of a sample Job (`sampleJobs`)."""
-    if job == "hps-benchmark":
-        return hps_benchmark(image)
-    if job == "perftest":
-        return perftest(image)
-    if job == "nccl-tests":
-        return nccl_tests(image)
-    raise JobSpecError(f"no sample Job {job!r}: config.py lists the samples this module builds")
+@dataclass(frozen=True)
+class Sample:
+    """A sample Job of the catalogue: the stack key of its image, and its builder."""
+
+    image_key: str
+    build: Callable[[str], RdmaJobSpec]
+
+
+# The one list of samples: `sampleJobs` names, their image keys, validation and builders.
+SAMPLES: Mapping[str, Sample] = {
+    "hps-benchmark": Sample("hpsBenchmarkImage", hps_benchmark),
+    "perftest": Sample("perftestImage", perftest),
+    "nccl-tests": Sample("ncclTestsImage", nccl_tests),
+}

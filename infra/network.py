@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pulumi
 
 from infra.alicloud import vpc
+from infra.config import NetworkPlan
 
 # Alibaba hands each vSwitch a /64 out of the VPC's IPv6 block; the mask picks which one (0-255).
 _IPV6_FIRST_SUBNET = 1
-
-
-@dataclass(frozen=True)
-class NetworkArgs:
-    vpc_cidr: str
-    vswitch_cidrs: tuple[str, ...]
-    zone_ids: tuple[str, ...]
-    ipv6: bool
 
 
 class Network(pulumi.ComponentResource):
@@ -27,7 +18,7 @@ class Network(pulumi.ComponentResource):
     vswitch_ids: pulumi.Output[list[str]]
 
     def __init__(
-        self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None
+        self, name: str, args: NetworkPlan, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("lingjun:network:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)

@@ -9,7 +9,13 @@ from typing import Any, cast
 
 import yaml
 
-from infra.config import CREDENTIAL_KEYS, PROJECT, PROJECT_DIR
+from infra.config import (
+    CREDENTIAL_KEYS,
+    PROJECT,
+    PROJECT_DIR,
+    StackConfigError,
+    unknown_key_problems,
+)
 from infra.offline import SECRET
 
 
@@ -49,6 +55,10 @@ def stack_config(
         if key in CREDENTIAL_KEYS and _qualify(key) not in secret_keys:
             # as `pulumi config set --secret` would store it
             secret_keys.append(_qualify(key))
+    # Under mocks the program cannot list the keys it was given: a misspelt one is caught here.
+    problems = unknown_key_problems(config)
+    if problems:
+        raise StackConfigError("\n".join(problems))
     return config, secret_keys
 
 

@@ -8,6 +8,8 @@ import yaml
 from infra.config import (
     PROJECT,
     PROJECT_DIR,
+    BuiltImage,
+    KubeconfigCluster,
     StackConfig,
     StackConfigError,
     is_pinned,
@@ -129,10 +131,8 @@ def test_invalid_resource_name_is_refused(name: str, why: str) -> None:
 
 
 def test_unknown_key_in_the_namespace_is_refused() -> None:
-    config, secrets = stack_config("dev", ["nonHostNetwrok=true"])
-
     with pytest.raises(StackConfigError) as caught:
-        run_program("dev", config, secrets)
+        stack_config("dev", ["nonHostNetwrok=true"])
 
     assert "lingjun-rdma:nonHostNetwrok: unknown key" in str(caught.value)
     assert "pulumi config rm lingjun-rdma:nonHostNetwrok" in str(caught.value)
@@ -154,11 +154,20 @@ def test_bad_cluster_mode_names_the_choices() -> None:
 def test_max_allocations_with_exclusive_pools_is_refused() -> None:
     message = _error("prod", rdmaMaxAllocations="10")
 
-    assert "lingjun-rdma:rdmaMaxAllocations: applies to shared pools only" in message
+    assert message.startswith("lingjun-rdma:rdmaMaxAllocations: ")
+    assert "applies to shared pools only" in message  # the plugin's own rule, in its words
+    assert "(pulumi config rm lingjun-rdma:rdmaMaxAllocations)" in message
 
 
-def test_max_allocations_out_of_range_is_refused() -> None:
-    assert "must be 1..100000" in _error(rdmaMaxAllocations="0")
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [("0", "greater than or equal to 1"), ("100001", "less than or equal to 100000")],
+)
+def test_max_allocations_out_of_the_plugins_range_is_refused(value: str, why: str) -> None:
+    message = _error(rdmaMaxAllocations=value)
+
+    assert message.startswith("lingjun-rdma:rdmaMaxAllocations:")
+    assert why in message
 
 
 def test_creating_the_lingjun_group_needs_its_inputs() -> None:
@@ -267,8 +276,9 @@ def test_registry_password_set_as_a_secret_is_taken() -> None:
 
     config = parse(raw, frozenset({"registryPassword"}))
 
-    assert config.registry_password is not None
-    assert config.registry_password.get_secret_value() == "hunter2"
+    assert isinstance(config.plugin_image, BuiltImage)
+    assert config.plugin_image.login is not None
+    assert config.plugin_image.login.password.get_secret_value() == "hunter2"
 
 
 TOKEN_KUBECONFIG = """apiVersion: v1
@@ -292,7 +302,7 @@ def test_kubeconfig_with_a_credential_in_plain_text_is_refused() -> None:
 
 def test_kubeconfig_naming_credential_files_may_be_plain_text() -> None:
     # the committed local stack's: paths to files on the control-plane node, no secret inline
-    assert parse(_raw("local")).kubeconfig is not None
+    assert isinstance(parse(_raw("local")).cluster, KubeconfigCluster)
 
 
 def test_every_problem_is_reported_at_once() -> None:

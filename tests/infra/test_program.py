@@ -11,9 +11,9 @@ import yaml
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import get_monitor
 
-from infra.config import SAMPLE_JOBS, StackConfigError
+from infra.config import StackConfigError
 from infra.device_plugin import registry_endpoint
-from infra.jobs import LINGJUN_NCCL_ENV, RDMA_ENV_FILE, job_spec, sample
+from infra.jobs import LINGJUN_NCCL_ENV, RDMA_ENV_FILE, SAMPLES, job_spec
 from infra.offline import SECRET, RunResult, manifests, normalize, run_program
 from infra.stackfiles import stack_config
 from plugin.config import (
@@ -214,7 +214,7 @@ def test_every_job_resolves_its_nccl_env_in_its_own_namespace_first(
 
 
 def test_a_job_that_opts_out_runs_its_command_as_is_with_nccl_settings_in_its_env() -> None:
-    spec = dataclasses.replace(sample("nccl-tests", "i:1"), resolve_env=False)
+    spec = dataclasses.replace(SAMPLES["nccl-tests"].build("i:1"), resolve_env=False)
 
     pod = job_spec(
         spec, resource_name="rdma/hca", host_network=True, deadline_seconds=None, plugin_image="p:1"
@@ -227,8 +227,8 @@ def test_a_job_that_opts_out_runs_its_command_as_is_with_nccl_settings_in_its_en
 
 
 def test_every_configurable_sample_has_a_spec() -> None:
-    for job in SAMPLE_JOBS:
-        assert sample(job, "i:1").name == job
+    for name, sample in SAMPLES.items():
+        assert sample.build("i:1").name == name
 
 
 def test_sample_jobs_skip_await_unless_the_stack_sets_a_timeout() -> None:
