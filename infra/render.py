@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -114,12 +115,22 @@ def check_out(out: Path) -> None:
             entries = sorted(p.name for p in out.iterdir())
         except OSError as exc:
             raise OutputError(f"--out {out}: {exc.strerror}") from None
-        if entries and MARKER not in entries:
+        if entries and MARKER not in entries and not _older_render(out, entries):
             shown = ", ".join(entries[:3]) + (", …" if len(entries) > 3 else "")
             raise OutputError(
                 f"--out {out}: holds files a render did not write ({shown}): it would be "
                 "replaced as a whole; name a new or empty directory, or one a render wrote"
             )
+
+
+def _older_render(out: Path, entries: list[str]) -> bool:
+    """A render from before MARKER: plan.md in its own words, and nothing but YAML beside it."""
+    if "plan.md" not in entries or any(n != "plan.md" and not n.endswith(".yaml") for n in entries):
+        return False
+    try:
+        return (out / "plan.md").read_text().startswith("# Plan: stack `")
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def render(stack: str, out: Path, overrides: list[str] | None = None) -> list[Path]:
@@ -144,6 +155,9 @@ def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any
     render or the new one, never a mix."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # a directory like mkdir's, not mkdtemp's private one
     old = staging.with_name(staging.name + ".old")
     try:
         names = [file_name(m) for m in objects]

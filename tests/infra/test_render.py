@@ -159,6 +159,28 @@ def test_out_dot_in_a_directory_of_other_files_is_refused_and_deletes_nothing(
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+def test_a_render_from_before_the_marker_is_still_replaced(tmp_path: Path) -> None:
+    old = tmp_path / "dev"
+    old.mkdir()
+    (old / "plan.md").write_text("# Plan: stack `dev` (offline render, Pulumi mocks)\n")
+    (old / "daemonset-lingjun-rdma-rdma-device-plugin.yaml").write_text("kind: DaemonSet\n")
+
+    files = render("dev", old)
+
+    assert old / MARKER in files
+    assert (old / "plan.md").read_text().startswith("# Plan: stack `dev`")
+
+
+def test_a_directory_with_a_plan_md_of_its_own_is_not_taken_for_a_render(tmp_path: Path) -> None:
+    (tmp_path / "plan.md").write_text("# my plan\n")
+    (tmp_path / "x.yaml").write_text("a: 1\n")
+
+    done = _render_cli(tmp_path, "--out", ".")
+
+    assert done.returncode == 2
+    assert (tmp_path / "plan.md").read_text() == "# my plan\n"
+
+
 def test_out_naming_a_regular_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "out").write_text("a file")
 
@@ -185,6 +207,7 @@ def test_out_naming_an_empty_directory_is_used(tmp_path: Path) -> None:
 
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "empty" / MARKER).is_file()
+    assert (tmp_path / "empty").stat().st_mode & 0o755 == 0o755  # not mkdtemp's 0700
 
 
 @pytest.mark.parametrize(
