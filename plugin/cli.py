@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
+import os
 import signal
 import sys
 from pathlib import Path
@@ -20,7 +22,7 @@ from plugin.config import (
 from plugin.discovery.model import Discovery, DiscoveryError, Inventory
 from plugin.discovery.sysfs import SysfsDiscovery
 from plugin.health import HealthWatcher
-from plugin.kubelet import DirWatcher, Endpoint
+from plugin.kubelet import DirWatcher, Endpoint, socket_name
 from plugin.metrics import Metrics, serve_http
 from plugin.pool import assign
 from plugin.server import DevicePluginServicer
@@ -61,9 +63,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
-    if args.rescan_interval <= 0:
-        p.error("--rescan-interval must be > 0")
+    if not (math.isfinite(args.rescan_interval) and args.rescan_interval > 0):
+        p.error(f"--rescan-interval {args.rescan_interval}: must be a number of seconds > 0")
+    if args.metrics_address:
+        _, sep, port = args.metrics_address.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            p.error(
+                f"--metrics-address {args.metrics_address}: expected HOST:PORT with a port "
+                "0-65535, or an empty value to disable"
+            )
     return args
+
+
+# A unix socket path longer than this does not fit sockaddr_un (108 bytes with its NUL).
+MAX_SOCKET_PATH = 107
+
+
+def check_socket_paths(plugin_dir: Path, config: PluginConfig) -> None:
+    """Each pool's socket must fit a unix socket address, or bind fails later, obscurely."""
+    for pool in config.pools:
+        path = plugin_dir / socket_name(pool.resource_name)
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+            raise ConfigError(
+                f"--device-plugin-dir {plugin_dir}: the socket {path.name} there would be "
+                f"{len(os.fsencode(path))} bytes long, over the {MAX_SOCKET_PATH}-byte unix "
+                "limit: use a shorter directory (the kubelet's is /var/lib/kubelet/device-plugins)"
+            )
 
 
 def choose_discovery(kind: str, sysfs_root: Path, dev_root: Path) -> Discovery:
@@ -96,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         config = load_config(args.config or DEFAULT_CONFIG_PATH, explicit=args.config is not None)
+        check_socket_paths(args.device_plugin_dir, config)
         discovery = choose_discovery(args.discovery, args.sysfs_root, args.dev_root)
     except (ConfigError, DiscoveryError) as exc:
         print(f"rdma-device-plugin: {exc}", file=sys.stderr)
@@ -144,7 +170,9 @@ async def run(args: argparse.Namespace, config: PluginConfig, discovery: Discove
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # SIGHUP stops like SIGTERM (socket removed, exit 0): a config change takes a restart, which
+    # the DaemonSet's config-hash annotation rolls; a hangup never kills the plugin outright.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     tasks = [asyncio.create_task(e.run(), name=f"endpoint {e.path.name}") for e in endpoints]
     tasks.append(asyncio.create_task(watcher.run(), name="health"))

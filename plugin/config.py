@@ -154,7 +154,14 @@ def load_config(path: Path, *, explicit: bool) -> PluginConfig:
             raise ConfigError(f"--config {path}: no such file: fix the path or omit --config")
         return PluginConfig()
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(
+            f"--config {path}: cannot be read ({why}): point it at the plugin's YAML file"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc}): fix the syntax") from None
     return parse_config(data, str(path))

@@ -168,6 +168,11 @@ def preferred(
 
 def allocate(view: PoolView, ids: list[str], dev_root: Path) -> Allocation:
     """Device specs for rdma_cm and each HCA's uverbs/umad(/issm) behind `ids`."""
+    if not ids:
+        raise AllocationError(
+            f"{view.pool.resource_name}: a container request with no device ID: nothing to "
+            "allocate (the kubelet sends one ID per unit the container asks for)"
+        )
     devices = view.by_id
     hca_names: dict[str, None] = {}
     for device_id in ids:

@@ -187,6 +187,19 @@ async def test_sigterm_removes_its_socket_and_exits_zero(
     assert (plugin_dir / "kubelet.sock").exists(), "only its own socket is removed"
 
 
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
+async def test_sighup_and_sigint_stop_it_like_sigterm(
+    kubelet: KubeletPeer, plugin: PluginProcess, plugin_dir: Path, sig: int
+) -> None:
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+
+    code = await plugin.terminate(sig)
+
+    assert code == 0
+    assert not (plugin_dir / SOCKET).exists()
+
+
 async def test_serves_healthz_and_metrics(kubelet: KubeletPeer, plugin: PluginProcess) -> None:
     await plugin.start()
     await kubelet.wait_registrations(1)

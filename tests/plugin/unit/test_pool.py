@@ -162,10 +162,10 @@ def test_ids_unique_short_and_allocate_covers_exactly_their_hcas(
     assert all(len(i) <= 63 for i in ids)
 
     healthy = [d for d in v.devices if d.healthy]
-    chosen = (
-        data.draw(st.lists(st.sampled_from(healthy), unique_by=lambda d: d.id, max_size=4))
-        if healthy
-        else []
+    if not healthy:  # nothing a kubelet could ask for (an empty request is refused)
+        return
+    chosen = data.draw(
+        st.lists(st.sampled_from(healthy), unique_by=lambda d: d.id, min_size=1, max_size=4)
     )
     alloc = policy.allocate(v, [d.id for d in chosen], DEV)
     want = {h for d in chosen for h in d.hcas}
@@ -218,3 +218,10 @@ def test_list_and_watch_wire_encoding_equals_the_plain_messages(hcas: list[Hca],
         ]
     )
     assert list_and_watch_response(v) == plain
+
+
+def test_an_allocate_request_with_no_device_id_is_refused() -> None:
+    (view,), _ = policy.assign(PluginConfig(), Inventory(hcas=(hca("mlx5_0"),)))
+
+    with pytest.raises(policy.AllocationError, match="a container request with no device ID"):
+        policy.allocate(view, [], Path("/dev"))
