@@ -12,13 +12,15 @@ from plugin.discovery.model import CharDevices, Gid, GidType, Hca, Inventory, Po
 logger = logging.getLogger(__name__)
 
 _ZERO_GID = ipaddress.IPv6Address(0)
+UNREADABLE = "UNREADABLE"  # a port state: its state or link_layer file could not be read
 
 
 def read(path: Path) -> str | None:
-    """A sysfs attribute's text; None when absent or unreadable (e.g. an unused GID slot)."""
+    """A sysfs attribute's text; None when absent, unreadable (e.g. an unused GID slot) or not
+    text: one bad file makes one value unknown, never the scan fail."""
     try:
         return path.read_text().strip()
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return None
 
 
@@ -39,7 +41,7 @@ class SysfsDiscovery:
         names = sorted(os.listdir(class_ib)) if class_ib.is_dir() else []
         verbs = self._chardev_owners("infiniband_verbs")
         mads = self._chardev_owners("infiniband_mad")
-        hcas = [self.read_hca(name, verbs, mads) for name in names]
+        hcas = [self._read_isolated(name, verbs, mads) for name in names]
         return Inventory(
             hcas=tuple(h for h in hcas if h is not None),
             rdma_cm=(self.dev_ib / "rdma_cm").exists(),
@@ -47,6 +49,26 @@ class SysfsDiscovery:
                 read(self.sysfs / "module" / "ib_core" / "parameters" / "netns_mode")
             ),
         )
+
+    def _read_isolated(
+        self, name: str, verbs: dict[str, list[str]], mads: dict[str, list[str]]
+    ) -> Hca | None:
+        """One HCA that cannot be read at all is reported as such, with no usable port (its
+        IDs go Unhealthy); the other HCAs are read and served as usual."""
+        try:
+            return self.read_hca(name, verbs, mads)
+        except Exception as exc:  # any fault of this HCA's files stays this HCA's
+            logger.exception("%s: cannot be read", name)
+            return Hca(
+                name=name,
+                vendor="",
+                device_id="",
+                driver="",
+                numa_node=None,
+                ports=(),
+                chardevs=CharDevices(),
+                problems=(f"{name}: cannot be read from sysfs ({exc!r}): it is not served",),
+            )
 
     def read_hca(
         self, name: str, verbs: dict[str, list[str]], mads: dict[str, list[str]]
@@ -71,7 +93,7 @@ class SysfsDiscovery:
             parent = read(base / "parent")
         ports = tuple(
             self._read_port(base / "ports" / p, int(p), pci_netdevs, parent)
-            for p in sorted(_listdir(base / "ports"), key=int)
+            for p in _numbered(base / "ports", problems)
         )
         uverbs = [u for u in verbs.get(name, []) if self._node_exists(u, problems)]
         umad = [m for m in mads.get(name, []) if m.startswith("umad")]
@@ -122,11 +144,15 @@ class SysfsDiscovery:
             netdevs = tuple(
                 n for n, dev_port in pci_netdevs.items() if dev_port in (None, number - 1)
             )
-        state = read(base / "state") or "0: UNKNOWN"
+        state = read(base / "state")
+        link_layer = read(base / "link_layer")
+        if state is None or link_layer is None:
+            # a port this scan cannot read is not Healthy (never the last state it had)
+            return Port(number, UNREADABLE, link_layer or "unknown", netdevs, gids)
         return Port(
             number=number,
             state=state.partition(":")[2].strip() or state,
-            link_layer=read(base / "link_layer") or "InfiniBand",
+            link_layer=link_layer,
             netdevs=netdevs,
             gids=gids,
         )
@@ -134,7 +160,7 @@ class SysfsDiscovery:
 
 def _read_gids(port: Path) -> list[Gid]:
     gids: list[Gid] = []
-    for index in sorted(_listdir(port / "gids"), key=int):
+    for index in _numbered(port / "gids", []):
         text = read(port / "gids" / index)
         if text is None:
             continue
@@ -151,6 +177,16 @@ def _read_gids(port: Path) -> list[Gid]:
         netdev = read(port / "gid_attrs" / "ndevs" / index)
         gids.append(Gid(index=int(index), gid=str(addr), type=kind, netdev=netdev or None))
     return gids
+
+
+def _numbered(directory: Path, problems: list[str]) -> list[str]:
+    """The entries named by a number (ports, GID slots), in order; anything else is skipped
+    and named in `problems`."""
+    names = _listdir(directory)
+    stray = sorted(n for n in names if not n.isdigit())
+    if stray:
+        problems.append(f"{directory}: unexpected entries {stray} skipped")
+    return sorted((n for n in names if n.isdigit()), key=int)
 
 
 def _pci_netdevs(pci: Path) -> dict[str, int | None]:

@@ -144,3 +144,22 @@ async def test_metrics_port_in_use_exits_2_naming_the_flag(plugin: PluginProcess
 
         assert await plugin.wait() == 2
     assert f"--metrics-address 127.0.0.1:{plugin.metrics_port}" in plugin.output()
+
+
+async def test_one_hcas_garbled_port_file_makes_only_it_unhealthy_while_running(
+    kubelet: KubeletPeer, plugin: PluginProcess, tree: SysfsTree
+) -> None:
+    await plugin.start(plugin.write_config(EXCLUSIVE))
+    await kubelet.wait_registrations(1)
+
+    (tree.port_dir("mlx5_1") / "state").write_bytes(b"4: \xff\xfe\n")
+    await kubelet.wait_for(
+        lambda: (
+            {d.ID: d.health for d in kubelet.devices()}
+            == {"mlx5_0": "Healthy", "mlx5_1": "Unhealthy"}
+        )
+    )
+    # the other HCA keeps being tracked: its port going down still reaches the kubelet
+    tree.set_port("mlx5_0", 1, "DOWN")
+    await kubelet.wait_for(lambda: {d.health for d in kubelet.devices()} == {"Unhealthy"})
+    assert "port 1 UNREADABLE" in plugin.output()

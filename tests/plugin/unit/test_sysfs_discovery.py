@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,82 @@ def test_verbs_discovery_without_rdma_reports_zero_devices(tmp_path: Path) -> No
 
     assert inventory.hcas == ()
     assert "libibverbs finds no RDMA devices" in inventory.errors[0]
+
+
+def test_a_port_state_that_is_not_text_makes_that_port_unhealthy_not_the_scan_fail(
+    tmp_path: Path,
+) -> None:
+    tree = two_mlx5(tmp_path)
+    (tree.port_dir("mlx5_0") / "state").write_bytes(b"4: \xff\xfeACTIVE\n")
+
+    hcas = scan(tree)
+
+    (port,) = hcas["mlx5_0"].ports
+    assert port.state == "UNREADABLE"
+    assert hcas["mlx5_0"].unhealthy_reason() == "mlx5_0: no ACTIVE port (port 1 UNREADABLE)"
+    assert hcas["mlx5_1"].unhealthy_reason() is None
+
+
+def test_a_garbled_link_layer_makes_that_port_unhealthy(tmp_path: Path) -> None:
+    tree = two_mlx5(tmp_path)
+    (tree.port_dir("mlx5_1") / "link_layer").write_bytes(b"\xc3\x28\n")
+
+    hcas = scan(tree)
+
+    assert hcas["mlx5_1"].ports[0].state == "UNREADABLE"
+    assert hcas["mlx5_1"].unhealthy_reason() is not None
+    assert hcas["mlx5_0"].unhealthy_reason() is None
+
+
+def test_stray_entries_in_ports_and_gids_are_skipped_and_named(tmp_path: Path) -> None:
+    tree = two_mlx5(tmp_path)
+    (tree.port_dir("mlx5_0").parent / "README").write_text("not a port\n")
+    (tree.port_dir("mlx5_0") / "gids" / "lost+found").mkdir()
+
+    hcas = scan(tree)
+
+    assert [p.number for p in hcas["mlx5_0"].ports] == [1]
+    assert len(hcas["mlx5_0"].ports[0].gids) == 4
+    assert hcas["mlx5_0"].unhealthy_reason() is None
+    assert any("unexpected entries ['README'] skipped" in p for p in hcas["mlx5_0"].problems)
+
+
+def test_an_hca_whose_ports_are_not_a_directory_has_none_and_the_others_are_served(
+    tmp_path: Path,
+) -> None:
+    tree = two_mlx5(tmp_path)
+    ports = tree.port_dir("mlx5_0").parent
+    shutil.rmtree(ports)
+    ports.write_text("broken\n")
+
+    hcas = scan(tree)
+
+    assert hcas["mlx5_0"].ports == ()
+    assert hcas["mlx5_0"].unhealthy_reason() == "mlx5_0: no ACTIVE port (no ports)"
+    assert hcas["mlx5_1"].unhealthy_reason() is None
+
+
+class _OneHcaFails(SysfsDiscovery):
+    """A reader fault of one HCA that no file here can provoke: a bug to come, say."""
+
+    def read_hca(
+        self, name: str, verbs: dict[str, list[str]], mads: dict[str, list[str]]
+    ) -> Hca | None:
+        if name == "mlx5_0":
+            raise RuntimeError("a reader bug")
+        return super().read_hca(name, verbs, mads)
+
+
+def test_an_hca_whose_reading_fails_is_reported_unhealthy_and_the_others_are_served(
+    tmp_path: Path,
+) -> None:
+    tree = two_mlx5(tmp_path)
+
+    hcas = {h.name: h for h in _OneHcaFails(tree.sys, tree.dev).scan().hcas}
+
+    assert hcas["mlx5_0"].unhealthy_reason() is not None
+    assert (
+        "mlx5_0: cannot be read from sysfs (RuntimeError('a reader bug'))"
+        in (hcas["mlx5_0"].problems[0])
+    )
+    assert hcas["mlx5_1"].unhealthy_reason() is None
