@@ -11,6 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
+from plugin import instance
 from plugin.config import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_DEVICE_PLUGIN_DIR,
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         discovery.name,
         ", ".join(f"{p.resource_name} ({p.mode})" for p in config.pools),
     )
-    return asyncio.run(run(args, config, discovery))
+    with instance.acquire(args.device_plugin_dir):
+        return asyncio.run(run(args, config, discovery))
 
 
 async def run(args: argparse.Namespace, config: PluginConfig, discovery: Discovery) -> int:

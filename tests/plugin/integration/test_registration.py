@@ -234,3 +234,38 @@ async def test_waits_for_the_device_plugins_dir_to_appear(
         assert len(reg.updates[-1][1]) == 1000
     finally:
         await peer.stop()
+
+
+async def test_a_second_instance_on_the_same_dir_waits_and_takes_over_when_the_first_stops(
+    kubelet: KubeletPeer,
+    plugin: PluginProcess,
+    plugin_dir: Path,
+    short_tmp: Path,
+    tree: SysfsTree,
+) -> None:
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+    second_root = short_tmp / "second"
+    second_root.mkdir()
+    second = PluginProcess(second_root, plugin_dir, sysfs=tree.sys, dev=tree.dev)
+    await second.start()
+    try:
+        assert plugin.proc is not None
+        first_pid = plugin.proc.pid
+
+        waiting = f"another rdma-device-plugin (pid {first_pid}) serves"
+        for _ in range(100):  # its log, polled: Python's start takes a while
+            if waiting in second.output():
+                break
+            await asyncio.sleep(0.1)
+        assert waiting in second.output(), second.output()
+        await asyncio.sleep(1.0)  # it keeps waiting: no registration, the socket untouched
+        assert len(kubelet.registrations) == 1
+        assert second.running()
+
+        assert await plugin.terminate() == 0
+        await kubelet.wait_registrations(2)
+        assert f"pid {first_pid} stopped: serving" in second.output()
+    finally:
+        if second.running():
+            await second.terminate()
