@@ -164,11 +164,14 @@ class HealthWatcher:
         for view in views:  # shared IDs all carry the same reason: report each reason once
             reasons = dict.fromkeys(d.reason for d in view.devices if d.reason)
             problems += [f"{view.pool.resource_name}: {r}" for r in reasons]
+            if not view.hcas:
+                problems.append(f"{view.pool.resource_name}: {_why_empty(inventory)}")
         if self.config.non_host_network:
             hcas = tuple(h for v in views for h in v.hcas)
             net = non_host_network_problems(inventory, hcas)
             self.metrics.non_host_network_ready.set(0 if net else 1)
             problems += [f"nonHostNetwork: true but {p}" for p in net]
+        self.metrics.problems.set(len(problems))
         # Loud but not noisy: log the whole set whenever it changes.
         if tuple(problems) != self._reported:
             self._reported = tuple(problems)
@@ -178,6 +181,16 @@ class HealthWatcher:
                 f"{v.pool.resource_name}={len(v.hcas)} HCAs/{len(v.devices)} IDs" for v in views
             )
             logger.info("scan (%s): %s", self.discovery.name, summary)
+
+
+def _why_empty(inventory: Inventory) -> str:
+    if not inventory.hcas:
+        return (
+            "no RDMA device on this node (sysfs class/infiniband missing or empty: is the RDMA "
+            "driver loaded?): 0 devices until one appears"
+        )
+    names = ", ".join(h.name for h in inventory.hcas)
+    return f"its selector matches none of this node's HCAs ({names}): 0 devices; fix the selector"
 
 
 def _netlink_socket(protocol: int, groups: int) -> socket.socket | None:

@@ -48,6 +48,12 @@ class Metrics:
         self.pool_conflicts = Gauge(
             "rdma_plugin_pool_conflicts", "HCAs claimed by more than one pool", registry=r
         )
+        self.problems = Gauge(
+            "rdma_plugin_problems",
+            "Problems the last scan found (each logged at error when the set changes): pools "
+            "matching nothing, no RDMA device, unhealthy HCAs, unreadable files, conflicts",
+            registry=r,
+        )
 
 
 async def serve_http(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import urllib.request
+from pathlib import Path
 
 from plugin.api.v1beta1 import api_pb2
 from tests.plugin.kubelet_peer import KubeletPeer
@@ -163,3 +165,41 @@ async def test_one_hcas_garbled_port_file_makes_only_it_unhealthy_while_running(
     tree.set_port("mlx5_0", 1, "DOWN")
     await kubelet.wait_for(lambda: {d.health for d in kubelet.devices()} == {"Unhealthy"})
     assert "port 1 UNREADABLE" in plugin.output()
+
+
+async def _metrics(port: int) -> str:
+    def get() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    return await asyncio.to_thread(get)
+
+
+async def test_a_pool_whose_selector_matches_nothing_is_an_error_and_a_metric(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    config = "pools:\n  - name: hca\n    selector: {ibdevs: ['cx7_*']}\n"
+    await plugin.start(plugin.write_config(config))
+    await kubelet.wait_registrations(1)
+
+    assert kubelet.devices() == []
+    assert (
+        "ERROR plugin.health: rdma/hca: its selector matches none of this node's HCAs "
+        "(mlx5_0, mlx5_1)" in plugin.output()
+    )
+    assert "\nrdma_plugin_problems 1.0\n" in await _metrics(plugin.metrics_port)
+
+
+async def test_no_rdma_device_on_the_node_is_an_error_and_a_metric(
+    kubelet: KubeletPeer, short_tmp: Path, plugin_dir: Path
+) -> None:
+    empty = SysfsTree(short_tmp / "bare")  # class/infiniband exists, with nothing in it
+    bare = PluginProcess(short_tmp, plugin_dir, sysfs=empty.sys, dev=empty.dev)
+    await bare.start()
+    try:
+        await kubelet.wait_registrations(1)
+
+        assert "rdma/hca: no RDMA device on this node" in bare.output()
+        assert "\nrdma_plugin_problems 1.0\n" in await _metrics(bare.metrics_port)
+    finally:
+        await bare.terminate()
