@@ -109,6 +109,42 @@ class Endpoint:
                 continue  # woken while backing off: look again at once
             await self._wake.wait()
 
+    async def _register_unless_moot(self, target: int | None) -> bool:
+        """One Register call; False when it was abandoned because, while it was in flight, our
+        socket went away or kubelet.sock was re-created: a kubelet that starts deletes the
+        sockets in its dir, and it would dial the deleted one until its 10 s timeout while we
+        waited for the answer instead of serving again."""
+        request = api_pb2.RegisterRequest(
+            version=API_VERSION,
+            endpoint=self.path.name,
+            resource_name=self.servicer.resource,
+            options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
+        )
+        async with grpc.aio.insecure_channel(
+            f"unix://{self.kubelet}", options=_CHANNEL_OPTIONS
+        ) as channel:
+            call = asyncio.ensure_future(
+                api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=_REGISTER_TIMEOUT)
+            )
+            try:
+                while not call.done():
+                    self._wake.clear()
+                    woken = asyncio.ensure_future(self._wake.wait())
+                    await asyncio.wait({call, woken}, return_when=asyncio.FIRST_COMPLETED)
+                    woken.cancel()
+                    if not call.done() and (not self.serving or _inode(self.kubelet) != target):
+                        logger.info(
+                            "%s: %s changed while Register was in flight: starting over",
+                            self.servicer.resource,
+                            self.path.name if not self.serving else KUBELET_SOCKET,
+                        )
+                        return False
+                call.result()
+            finally:
+                call.cancel()
+        self._wake.set()  # whatever woke us while the call ran: the run loop looks again
+        return True
+
     async def _sleep_unless_woken(self, seconds: float) -> bool:
         """True when woken before `seconds` passed."""
         try:
@@ -153,20 +189,8 @@ class Endpoint:
             self._registered_with = None
             target = _inode(kubelet)
             try:
-                async with grpc.aio.insecure_channel(
-                    f"unix://{kubelet}", options=_CHANNEL_OPTIONS
-                ) as channel:
-                    await api_pb2_grpc.RegistrationStub(channel).Register(
-                        api_pb2.RegisterRequest(
-                            version=API_VERSION,
-                            endpoint=self.path.name,
-                            resource_name=self.servicer.resource,
-                            options=api_pb2.DevicePluginOptions(
-                                get_preferred_allocation_available=True
-                            ),
-                        ),
-                        timeout=_REGISTER_TIMEOUT,
-                    )
+                if not await self._register_unless_moot(target):
+                    return False
             except grpc.aio.AioRpcError as exc:
                 self.metrics.registrations.labels(self.servicer.resource, "error").inc()
                 logger.warning(

@@ -39,6 +39,10 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
         self._server: grpc.aio.Server | None = None
         self._changed = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
+        # Runs as a Register arrives, before the dial back: what a starting kubelet does to the
+        # dir at that moment (it deletes every socket there) can be staged here.
+        self.on_register: Callable[[api_pb2.RegisterRequest], None] | None = None
+        self.dial_timeout = 10.0
 
     # -- the Registration service ----------------------------------------------------------
     async def Register(
@@ -48,12 +52,17 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
     ) -> api_pb2.Empty:
         if request.version != "v1beta1":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unsupported version")
+        if self.on_register is not None:
+            self.on_register(request)
         channel = grpc.aio.insecure_channel(
             f"unix://{self.dir / request.endpoint}", options=OPTIONS
         )
         stub = api_pb2_grpc.DevicePluginStub(channel)
-        try:  # synchronous, as in kubelet 1.34: a plugin that does not answer fails Register
-            options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=10)
+        try:  # synchronous, as in kubelet 1.34: a plugin that does not answer fails Register;
+            # the kubelet's dial blocks until the socket answers or its timeout (10 s)
+            options = await stub.GetDevicePluginOptions(
+                api_pb2.Empty(), timeout=self.dial_timeout, wait_for_ready=True
+            )
         except grpc.aio.AioRpcError as exc:
             await channel.close()
             await context.abort(grpc.StatusCode.UNKNOWN, f"cannot dial plugin: {exc.details()}")

@@ -269,3 +269,27 @@ async def test_a_second_instance_on_the_same_dir_waits_and_takes_over_when_the_f
     finally:
         if second.running():
             await second.terminate()
+
+
+async def test_a_register_in_flight_when_its_socket_is_deleted_is_abandoned_at_once(
+    kubelet: KubeletPeer, plugin: PluginProcess, plugin_dir: Path
+) -> None:
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+    # As a restarting kubelet does when our Register reaches it: our socket is deleted first,
+    # and its dial back waits (here: far longer than the wait below) for a socket to answer.
+    kubelet.dial_timeout = 60.0
+    staged: list[str] = []
+
+    def delete_our_socket(request: api_pb2.RegisterRequest) -> None:
+        if not staged:
+            staged.append(request.endpoint)
+            (plugin_dir / request.endpoint).unlink()
+
+    kubelet.on_register = delete_our_socket
+    await kubelet.restart()
+
+    # re-served at the same path and registered well before that dial could time out
+    await kubelet.wait_registrations(2, limit=15.0)
+    assert staged == [SOCKET]
+    assert "changed while Register was in flight: starting over" in plugin.output()
