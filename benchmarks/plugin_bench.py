@@ -22,7 +22,7 @@ from plugin import pool as policy
 from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.config import Pool
 from plugin.discovery.model import CharDevices, Hca, Port
-from plugin.server import list_and_watch_response
+from plugin.wire import list_and_watch_response
 from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.plugin_process import PluginProcess
 from tests.plugin.sysfs_tree import two_mlx5

@@ -12,56 +12,9 @@ import grpc
 from plugin import pool as policy
 from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.metrics import Metrics
+from plugin.wire import list_and_watch_response
 
 logger = logging.getLogger(__name__)
-
-
-def list_and_watch_response(view: policy.PoolView) -> api_pb2.ListAndWatchResponse:
-    """The kubelet's view of a pool: every ID with its health and NUMA nodes.
-
-    Encoded as wire bytes and parsed once in C: a pool has up to thousands of IDs that share a
-    handful of (health, topology) tails, and 10 000 message constructors take ~4x longer."""
-    tails: dict[tuple[bool, tuple[int, ...]], bytes] = {}
-    chunks: list[bytes] = []
-    for d in view.devices:
-        key = (d.healthy, d.numa_nodes)
-        tail = tails.get(key)
-        if tail is None:
-            tail = tails[key] = _device_tail(*key)
-        ident = d.id.encode()  # <= 63 bytes: the config and the pool keep IDs that short
-        size = 2 + len(ident) + len(tail)
-        chunks += (
-            _FIELD_1,  # ListAndWatchResponse.devices
-            _ONE_BYTE[size] if size < 128 else _varint(size),
-            _FIELD_1,  # Device.ID
-            _ONE_BYTE[len(ident)],
-            ident,
-            tail,
-        )
-    return api_pb2.ListAndWatchResponse.FromString(b"".join(chunks))
-
-
-_FIELD_1 = bytes((1 << 3 | 2,))  # field number 1, wire type 2 (length-delimited)
-_ONE_BYTE = [bytes((i,)) for i in range(128)]  # varints below 128
-
-
-def _device_tail(healthy: bool, numa_nodes: tuple[int, ...]) -> bytes:
-    """Device fields after ID: health and topology."""
-    return api_pb2.Device(
-        health=policy.HEALTHY if healthy else policy.UNHEALTHY,
-        topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=n) for n in numa_nodes])
-        if numa_nodes
-        else None,
-    ).SerializeToString()
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):

@@ -13,7 +13,7 @@ from plugin.api.v1beta1 import api_pb2
 from plugin.config import PluginConfig, Pool, Selector
 from plugin.discovery.model import CharDevices, Gid, Hca, Inventory, Port
 from plugin.netmode import non_host_network_problems
-from plugin.server import list_and_watch_response
+from plugin.wire import list_and_watch_response
 
 DEV = Path("/host/dev")
 
@@ -225,3 +225,26 @@ def test_an_allocate_request_with_no_device_id_is_refused() -> None:
 
     with pytest.raises(policy.AllocationError, match="a container request with no device ID"):
         policy.allocate(view, [], Path("/dev"))
+
+
+def test_list_and_watch_encoding_holds_for_an_id_longer_than_127_bytes() -> None:
+    # the pool makes no ID that long (it leaves out an HCA whose name exceeds 63 bytes): the
+    # encoder must not depend on that, so this view is built by hand
+    long_id = "x" * 150
+    v = policy.PoolView(
+        pool=Pool(name="hca"),
+        hcas=(),
+        devices=(policy.Device(id=long_id, healthy=False, numa_nodes=(1,), hcas=()),),
+        rdma_cm=True,
+    )
+
+    (device,) = list_and_watch_response(v).devices
+
+    assert (device.ID, device.health) == (long_id, "Unhealthy")
+    assert [n.ID for n in device.topology.nodes] == [1]
+
+
+def test_the_pool_leaves_out_an_hca_whose_name_is_too_long_for_an_id() -> None:
+    v = view("exclusive", [hca("mlx5_" + "x" * 60, 1), hca("mlx5_1", 0)])
+
+    assert [d.id for d in v.devices] == ["mlx5_1"]
