@@ -136,6 +136,31 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(run(args, config, discovery))
 
 
+async def watch_config(
+    path: Path, running: PluginConfig, *, explicit: bool, every: float = 2.0
+) -> None:
+    """A config that changes on disk is not applied live: say so once per change, so that an
+    edit nobody restarted for does not go unnoticed (the DaemonSet rolls on a ConfigMap change)."""
+    said: PluginConfig | str | None = None
+    while True:
+        await asyncio.sleep(every)
+        try:
+            on_disk: PluginConfig | str = load_config(path, explicit=explicit)
+        except ConfigError as exc:
+            on_disk = str(exc)
+        if on_disk != running and on_disk != said:
+            if isinstance(on_disk, str):
+                logger.warning("config on disk changed and is invalid (%s): still running the "
+                               "one loaded at start", on_disk)  # fmt: skip
+            else:
+                logger.warning(
+                    "config %s changed on disk: restart the plugin to apply it (running the "
+                    "one loaded at start)",
+                    path,
+                )
+        said = on_disk
+
+
 async def run(args: argparse.Namespace, config: PluginConfig, discovery: Discovery) -> int:
     metrics = Metrics()
     watcher = HealthWatcher(discovery, config, metrics, args.rescan_interval)
@@ -178,6 +203,13 @@ async def run(args: argparse.Namespace, config: PluginConfig, discovery: Discove
         loop.add_signal_handler(sig, stop.set)
     tasks = [asyncio.create_task(e.run(), name=f"endpoint {e.path.name}") for e in endpoints]
     tasks.append(asyncio.create_task(watcher.run(), name="health"))
+    config_path = args.config or DEFAULT_CONFIG_PATH
+    tasks.append(
+        asyncio.create_task(
+            watch_config(config_path, config, explicit=args.config is not None),
+            name="config watcher",
+        )
+    )
     tasks.append(
         asyncio.create_task(
             DirWatcher(args.device_plugin_dir, on_dir_event).run(), name="dir watcher"

@@ -203,3 +203,21 @@ async def test_no_rdma_device_on_the_node_is_an_error_and_a_metric(
         assert "\nrdma_plugin_problems 1.0\n" in await _metrics(bare.metrics_port)
     finally:
         await bare.terminate()
+
+
+async def test_a_config_changed_on_disk_is_reported_as_needing_a_restart(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    config = plugin.write_config("pools:\n  - name: hca\n    maxAllocations: 10\n")
+    await plugin.start(config)
+    await kubelet.wait_registrations(1)
+
+    config.write_text("pools:\n  - name: hca\n    maxAllocations: 20\n")
+    wanted = f"config {config} changed on disk: restart the plugin to apply it"
+    for _ in range(100):
+        if wanted in plugin.output():
+            break
+        await asyncio.sleep(0.1)
+
+    assert wanted in plugin.output()
+    assert len(kubelet.devices()) == 10  # still the config it started with
