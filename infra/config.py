@@ -421,21 +421,20 @@ def _lingjun_group(k: _Keys) -> tuple[NewLingjunGroup | AdoptedLingjunGroup | No
                 f"{_set('lingjunClusterId', '<eflo cluster id>')}"
             ]
         return AdoptedLingjunGroup(k.lingjun_cluster_id, k.lingjun_node_group_id), []
+    if k.lingjun_machine_type and k.lingjun_image_id and k.lingjun_hpn_zone:
+        return NewLingjunGroup(k.lingjun_machine_type, k.lingjun_image_id, k.lingjun_hpn_zone), []
     inputs = {
         "lingjunMachineType": k.lingjun_machine_type,
         "lingjunImageId": k.lingjun_image_id,
         "lingjunHpnZone": k.lingjun_hpn_zone,
     }
-    missing = [
+    return None, [
         f"{_key(key)}: required to create the Lingjun node group "
         f"{_set(key, '<value>')}, or adopt an existing one "
         f"{_set('lingjunNodeGroupId', '<eflo node group id>')}"
         for key, value in inputs.items()
         if value is None
     ]
-    if k.lingjun_machine_type and k.lingjun_image_id and k.lingjun_hpn_zone:
-        return NewLingjunGroup(k.lingjun_machine_type, k.lingjun_image_id, k.lingjun_hpn_zone), []
-    return None, missing
 
 
 def _network(k: _Keys) -> tuple[NetworkPlan | None, list[str]]:

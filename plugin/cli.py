@@ -23,7 +23,7 @@ from plugin.config import (
 from plugin.discovery.model import Discovery, DiscoveryError, Inventory
 from plugin.discovery.sysfs import SysfsDiscovery
 from plugin.health import HealthWatcher
-from plugin.kubelet import DirWatcher, Endpoint, socket_name
+from plugin.kubelet import MAX_UNIX_PATH, DirWatcher, Endpoint, socket_name
 from plugin.metrics import Metrics, serve_http
 from plugin.pool import assign
 from plugin.server import DevicePluginServicer
@@ -76,18 +76,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-# A unix socket path longer than this does not fit sockaddr_un (108 bytes with its NUL).
-MAX_SOCKET_PATH = 107
-
-
 def check_socket_paths(plugin_dir: Path, config: PluginConfig) -> None:
     """Each pool's socket must fit a unix socket address, or bind fails later, obscurely."""
     for pool in config.pools:
         path = plugin_dir / socket_name(pool.resource_name)
-        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        if len(os.fsencode(path)) > MAX_UNIX_PATH:
             raise ConfigError(
                 f"--device-plugin-dir {plugin_dir}: the socket {path.name} there would be "
-                f"{len(os.fsencode(path))} bytes long, over the {MAX_SOCKET_PATH}-byte unix "
+                f"{len(os.fsencode(path))} bytes long, over the {MAX_UNIX_PATH}-byte unix "
                 "limit: use a shorter directory (the kubelet's is /var/lib/kubelet/device-plugins)"
             )
 
@@ -150,8 +146,11 @@ async def watch_config(
             on_disk = str(exc)
         if on_disk != running and on_disk != said:
             if isinstance(on_disk, str):
-                logger.warning("config on disk changed and is invalid (%s): still running the "
-                               "one loaded at start", on_disk)  # fmt: skip
+                logger.warning(
+                    "config on disk changed and is invalid (%s): still running the one loaded "
+                    "at start",
+                    on_disk,
+                )
             else:
                 logger.warning(
                     "config %s changed on disk: restart the plugin to apply it (running the "

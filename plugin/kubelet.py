@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
 API_VERSION = "v1beta1"
+# A unix socket path longer than this does not fit sockaddr_un (108 bytes with its NUL).
 MAX_UNIX_PATH = 107
 # A fresh subchannel per channel: grpc-python otherwise shares subchannels between channels to
 # the same address, and one that failed while the kubelet restarted answers from its reconnect
@@ -41,12 +42,7 @@ class Endpoint:
     def __init__(self, servicer: DevicePluginServicer, plugin_dir: Path, metrics: Metrics) -> None:
         self.servicer = servicer
         self.plugin_dir = plugin_dir
-        self.path = plugin_dir / socket_name(servicer.resource)
-        if len(str(self.path)) > MAX_UNIX_PATH:
-            raise ValueError(
-                f"socket path {self.path} is longer than {MAX_UNIX_PATH} bytes: "
-                "use a shorter --device-plugin-dir"
-            )
+        self.path = plugin_dir / socket_name(servicer.resource)  # length checked by the CLI
         self.metrics = metrics
         self.kubelet = plugin_dir / KUBELET_SOCKET
         self._server: grpc.aio.Server | None = None

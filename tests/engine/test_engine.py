@@ -106,16 +106,24 @@ def _deploy(
     )  # fmt: skip
 
 
+def _failed(action: str, stack: str, workspace: Path, env: dict[str, str]) -> tuple[str, float]:
+    """A `_deploy` that must fail with the engine's exit 1: its output, and how long it took."""
+    t0 = time.monotonic()
+    done = _deploy(action, stack, workspace, env)
+    took = time.monotonic() - t0
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-3000:]
+    return output, took
+
+
 @pytest.mark.parametrize("name", CLOUD_STACKS)
 def test_the_cli_accepts_every_cloud_stack_as_committed(
     workspace: Path, engine_env: dict[str, str], name: str
 ) -> None:
     """Nothing set: the CLI validates the stack file against Pulumi.yaml, the program's config
     check passes, and the engine stops only at the Alibaba Cloud provider it cannot load here."""
-    done = _deploy("preview", name, workspace, engine_env)
+    output, _ = _failed("preview", name, workspace, engine_env)
 
-    output = done.stdout + done.stderr
-    assert done.returncode == 1, output[-3000:]
     assert "validating stack config" not in output
     assert "StackConfigError" not in output
     assert "no resource plugin 'pulumi-resource-alicloud' found" in output, output[-3000:]
@@ -128,10 +136,8 @@ def test_a_plain_text_kubeconfig_with_a_token_is_refused_before_any_resource(
     (stacks / "Pulumi.local-plaintext.yaml").write_text((stacks / "Pulumi.local.yaml").read_text())
     _set(open_engine_stack("local-plaintext"), "kubeconfig", cluster.kubeconfig.read_text())
 
-    done = _deploy("preview", "local-plaintext", workspace, engine_env)
+    output, _ = _failed("preview", "local-plaintext", workspace, engine_env)
 
-    output = done.stdout + done.stderr
-    assert done.returncode == 1, output[-3000:]
     assert "lingjun-rdma:kubeconfig: holds a credential" in output
     assert "pulumi config set --secret lingjun-rdma:kubeconfig" in output
     assert "kubernetes:core/v1:Namespace" not in output  # nothing planned
@@ -231,13 +237,9 @@ def test_a_job_that_never_finishes_fails_at_its_deadline(
     _set(local, "hpsBenchmarkImage", BUSYBOX_IMAGE)
     _set(local, "jobAwaitTimeout", "20s")
 
-    t0 = time.monotonic()
-    done = _deploy("up", "local", workspace, engine_env)
-    took = time.monotonic() - t0
+    output, took = _failed("up", "local", workspace, engine_env)
     print(f"engine: up with a 20 s Job deadline failed after {took:.1f} s")
 
-    output = done.stdout + done.stderr
-    assert done.returncode == 1, output[-3000:]
     assert "hps-benchmark" in output
     job = _get(api, f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/hps-benchmark")
     assert job["spec"]["activeDeadlineSeconds"] == 20
@@ -253,13 +255,9 @@ def test_the_daemonset_await_ends_at_plugin_await_timeout(
     _set(local, "pluginImage", "localhost/lingjun-rdma-plugin:absent")
     _set(local, "pluginAwaitTimeout", "20s")
 
-    t0 = time.monotonic()
-    done = _deploy("up", "local", workspace, engine_env)
-    took = time.monotonic() - t0
+    output, took = _failed("up", "local", workspace, engine_env)
     print(f"engine: up of an image that cannot be pulled, 20 s await: failed after {took:.1f} s")
 
-    output = done.stdout + done.stderr
-    assert done.returncode == 1, output[-3000:]
     assert f'"{NAMESPACE}/{PLUGIN}" failed to fully initialize' in output, output[-3000:]
     # not a speed check: unbounded, the provider would wait its default 10 minutes
     assert took < 300

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import PEER_SKIP_PREFIX
 from tests.plugin.sysfs_tree import PortSpec, SysfsTree
-from tests.plugin.veth_netns import ip
+from tests.plugin.veth_netns import ip, veth_netns
 
 REPO = Path(__file__).resolve().parents[3]
 POD_A, POD_B = "fd77::10", "fd77::11"
@@ -40,19 +40,12 @@ def tree(tmp_path: Path) -> SysfsTree:
 
 @pytest.fixture
 def pod_netns() -> Iterator[str]:
-    """A namespace like a pod's: lo, and eth0 (a veth end) with the addresses a test gives it."""
+    """A namespace like a pod's: lo, and eth0 (a veth end, its peer eth1 beside it) with the
+    addresses a test gives it."""
     if os.geteuid() != 0:
         pytest.skip(f"{PEER_SKIP_PREFIX} root (ip netns)")
-    name = f"lingjun-podenv-{os.getpid()}"
-    ip("netns", "add", name)
-    try:
-        ip("-n", name, "link", "set", "lo", "up")
-        ip("-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
-        ip("-n", name, "link", "set", "peer0", "up")
-        ip("-n", name, "link", "set", "eth0", "up")
+    with veth_netns(f"lingjun-podenv-{os.getpid()}") as name:
         yield name
-    finally:
-        ip("netns", "delete", name)
 
 
 def _address(netns: str, cidr: str, dev: str = "eth0") -> None:
@@ -126,7 +119,7 @@ def test_family_auto_is_ipv4_on_the_host_network_where_the_hcas_netdev_is(
     tree: SysfsTree, pod_netns: str
 ) -> None:
     # the namespace holds the HCA's own netdev, with the host's addresses: the host network
-    ip("-n", pod_netns, "link", "set", "peer0", "name", HOST_NETDEV)
+    ip("-n", pod_netns, "link", "set", "eth1", "name", HOST_NETDEV)
     _address(pod_netns, "10.0.0.2/24", HOST_NETDEV)
     _address(pod_netns, f"{POD_A}/64", HOST_NETDEV)
 
