@@ -22,8 +22,9 @@ from plugin.config import (
     DEFAULT_RESOURCE_NAME,
     ConfigError,
     PluginConfig,
-    Pool,
+    Problem,
     check_resource_name,
+    parse_pool,
 )
 
 PROJECT = "lingjun-rdma"
@@ -493,7 +494,7 @@ def _check_namespace(k: _Keys) -> list[str]:
 
 # Which stack key holds each field of the plugin's Pool (its errors name the field).
 _POOL_KEYS = {"name": "rdmaResourceName", "prefix": "rdmaResourceName",
-              "max_allocations": "rdmaMaxAllocations", "mode": "rdmaPoolMode"}  # fmt: skip
+              "maxAllocations": "rdmaMaxAllocations", "mode": "rdmaPoolMode"}  # fmt: skip
 
 
 def _plugin_config(k: _Keys) -> tuple[PluginConfig | None, list[str]]:
@@ -504,19 +505,18 @@ def _plugin_config(k: _Keys) -> tuple[PluginConfig | None, list[str]]:
     except ConfigError as exc:
         return None, [f"{exc} {_set(key, DEFAULT_RESOURCE_NAME)}"]
     prefix, _, name = k.rdma_resource_name.partition("/")
-    fields: dict[str, Any] = {"name": name, "prefix": prefix, "mode": k.rdma_pool_mode}
+    fields: dict[str, object] = {"name": name, "prefix": prefix, "mode": k.rdma_pool_mode}
     if k.rdma_pool_mode == "shared" or k.rdma_max_allocations != DEFAULT_MAX_ALLOCATIONS:
-        fields["max_allocations"] = k.rdma_max_allocations  # the plugin refuses it if exclusive
+        fields["maxAllocations"] = k.rdma_max_allocations  # the plugin refuses it if exclusive
     try:
-        pool = Pool.model_validate(fields)
-    except ValidationError as exc:
-        return None, [_pool_problem(e) for e in exc.errors()]
+        pool = parse_pool(fields)
+    except ConfigError as exc:
+        return None, [_pool_problem(p) for p in exc.problems]
     return PluginConfig(non_host_network=k.non_host_network, pools=(pool,)), []
 
 
-def _pool_problem(error: Any) -> str:
-    msg = str(error["msg"]).removeprefix("Value error, ")
-    loc = error["loc"]
+def _pool_problem(problem: Problem) -> str:
+    msg, loc = problem.message, problem.loc
     if loc:
         key = _POOL_KEYS.get(str(loc[0]), "rdmaResourceName")
     else:  # the pool as a whole: say which key by what the plugin says

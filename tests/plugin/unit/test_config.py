@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from plugin.config import ConfigError, load_config, parse_config
+from plugin.config import ConfigError, PluginConfig, Pool, load_config, parse_config
 
 
 def test_no_file_means_one_shared_pool_of_1000() -> None:
@@ -37,11 +37,11 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
         ({"pool": []}, "pool: unknown key: remove it or fix its spelling"),
         (
             {"pools": [{"name": "a", "maxAllocations": "many"}]},
-            "pools[0].maxAllocations: Input should be a valid integer",
+            "pools[0].maxAllocations: 'many' is not a whole number: fix this value",
         ),
         (
             {"pools": [{"name": "a", "maxAllocations": 0}]},
-            "pools[0].maxAllocations: Input should be greater than or equal to 1",
+            "pools[0]: maxAllocations 0 is not within 1-100000: fix this value",
         ),
         ({"pools": [{"name": "a"}, {"name": "a", "prefix": "x.io"}]}, "duplicate pool name 'a'"),
         (
@@ -63,7 +63,7 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
         ),
         (
             {"pools": [{"name": "a", "mode": "exclusive", "maxAllocations": 5}]},
-            "maxAllocations applies to shared pools only",
+            "pools[0].maxAllocations: applies to shared pools only",
         ),
         (
             {"pools": [{"name": "a", "mode": "exclusive"}, {"name": "b", "mode": "exclusive"}]},
@@ -71,11 +71,16 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
         ),
         (
             {"pools": [{"name": "a", "selector": {"linkLayers": ["RoCE"]}}]},
-            "pools[0].selector.linkLayers[0]: Input should be 'Ethernet' or 'InfiniBand'",
+            "pools[0].selector.linkLayers[0]: 'RoCE' is not one of Ethernet, InfiniBand",
         ),
         ({"pools": []}, "no pool: list at least one"),
-        ({"version": "v2"}, "version: Input should be 'v1'"),
-        ({"nonHostNetwork": "sometimes"}, "nonHostNetwork: Input should be a valid boolean"),
+        ({"pools": [{"mode": "shared"}]}, "pools[0].name: missing: set it"),
+        ({"pools": ["hca"]}, "pools[0]: expected a mapping, got 'hca'"),
+        ({"pools": {"name": "hca"}}, "pools: expected a list of pools"),
+        ("pools: []", "(top level): expected a mapping"),
+        ({"pools": [{"name": "a", "selector": {"ibdevs": "mlx5_*"}}]}, "expected a list of text"),
+        ({"version": "v2"}, "version: 'v2': the only version is v1"),
+        ({"nonHostNetwork": "sometimes"}, "nonHostNetwork: 'sometimes' is not true or false"),
     ],
 )
 def test_bad_config_names_the_field(data: object, message: str) -> None:
@@ -84,6 +89,44 @@ def test_bad_config_names_the_field(data: object, message: str) -> None:
 
     assert str(err.value).startswith("plugin.yaml: ")
     assert message in str(err.value)
+
+
+def test_every_problem_is_reported_at_once_with_its_location() -> None:
+    data = {"nonHostNetwork": 1, "pools": [{"name": "a", "mode": "both", "selectr": {}}]}
+
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "plugin.yaml")
+
+    assert [str(p) for p in err.value.problems] == [
+        "nonHostNetwork: 1 is not true or false: fix this value",
+        "pools[0].selectr: unknown key: remove it or fix its spelling",
+        "pools[0].mode: 'both' is not one of shared, exclusive: fix this value",
+    ]
+
+
+def test_a_pool_built_in_code_is_checked_like_one_read_from_a_file() -> None:
+    with pytest.raises(ConfigError, match="device IDs would be 64 characters"):
+        Pool(name="a" * 60)
+    with pytest.raises(ConfigError, match="duplicate pool name 'a'"):
+        PluginConfig(pools=(Pool(name="a"), Pool(name="a", prefix="b.io")))
+
+
+def test_the_rendered_file_keeps_its_layout() -> None:
+    """The DaemonSet's config hash is taken over this text: a new spelling would roll every node."""
+    text = PluginConfig(pools=(Pool(name="hca"), Pool(name="x", mode="exclusive"))).to_yaml()
+
+    assert yaml.safe_load(text) == {
+        "version": "v1",
+        "nonHostNetwork": False,
+        "pools": [
+            {"name": "hca", "prefix": "rdma", "mode": "shared", "maxAllocations": 1000,
+             "selector": {"vendors": [], "deviceIds": [], "drivers": [], "ibdevs": [],
+                          "netdevs": [], "linkLayers": []}},
+            {"name": "x", "prefix": "rdma", "mode": "exclusive",
+             "selector": {"vendors": [], "deviceIds": [], "drivers": [], "ibdevs": [],
+                          "netdevs": [], "linkLayers": []}},
+        ],
+    }  # fmt: skip
 
 
 def test_invalid_yaml_is_reported(tmp_path: Path) -> None:

@@ -1,0 +1,45 @@
+"""Our /metrics text, read back by prometheus_client's own parser (the format's reference)."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from plugin.metrics import Metrics
+
+
+def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for s in family.samples
+    }
+
+
+def test_what_is_recorded_is_what_a_prometheus_parser_reads() -> None:
+    m = Metrics()
+    m.devices.labels("rdma/hca", "Healthy").set(1000)
+    m.registrations.labels("rdma/hca", "ok").inc()
+    m.registrations.labels(resource="rdma/hca", result="ok").inc()
+    m.errors.labels(kind='odd "kind"\\\n').inc(2)
+    m.problems.set(3)
+
+    assert _samples(m) == {
+        ("rdma_plugin_devices", (("health", "Healthy"), ("resource", "rdma/hca"))): 1000.0,
+        ("rdma_plugin_registrations_total", (("resource", "rdma/hca"), ("result", "ok"))): 2.0,
+        ("rdma_plugin_errors_total", (("kind", 'odd "kind"\\\n'),)): 2.0,
+        ("rdma_plugin_problems", ()): 3.0,
+    }
+
+
+def test_every_family_is_declared_with_its_type_before_any_sample() -> None:
+    families = {f.name: f.type for f in text_string_to_metric_families(Metrics().render().decode())}
+
+    assert families["rdma_plugin_allocations"] == "counter"
+    assert families["rdma_plugin_non_host_network_ready"] == "gauge"
+    assert len(families) == 10
+
+
+def test_a_sample_with_the_wrong_labels_is_refused() -> None:
+    with pytest.raises(ValueError, match="rdma_plugin_devices"):
+        Metrics().devices.labels("rdma/hca")
