@@ -18,6 +18,7 @@ from pydantic.alias_generators import to_camel
 
 from infra.jobs import SAMPLES
 from plugin.config import (
+    DEFAULT_CONFIG_PATH,
     DEFAULT_MAX_ALLOCATIONS,
     DEFAULT_RESOURCE_NAME,
     ConfigError,
@@ -26,6 +27,7 @@ from plugin.config import (
     check_resource_name,
     parse_pool,
 )
+from plugin.launch import LaunchSpec
 
 PROJECT = "lingjun-rdma"
 PROJECT_DIR = Path(__file__).resolve().parent.parent  # Pulumi.yaml, stacks/
@@ -148,6 +150,8 @@ class StackConfig:
     plugin_image: PinnedImage | BuiltImage
     # The plugin's own model (one pool, the network mode): its rules are the plugin's.
     plugin: PluginConfig
+    # How the DaemonSet launches the plugin (its flags): the plugin's own launch contract.
+    plugin_launch: LaunchSpec
     namespace: str
     samples: tuple[SampleJob, ...]
     # jobAwaitTimeout in seconds: the sample Jobs' activeDeadlineSeconds; None: not awaited
@@ -199,6 +203,7 @@ class _Keys(BaseModel):
     rdma_resource_name: str
     rdma_max_allocations: int
     rdma_pool_mode: Literal["shared", "exclusive"]
+    rdma_rescan_interval: int
     namespace: str
     plugin_image: str | None = None
     plugin_image_build: Flag
@@ -299,22 +304,25 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
     plugin, plugin_problems = _plugin_config(k)
     samples, sample_problems = _samples(k, images)
     deadline, timeout_problems = _timeouts(k)
+    launch, launch_problems = _plugin_launch(k)
     problems = [
         *_check_network_mode(k),
         *cluster_problems,
         *_check_namespace(k),
         *plugin_problems,
+        *launch_problems,
         *image_problems,
         *sample_problems,
         *timeout_problems,
     ]
-    if problems or cluster is None or image is None or plugin is None:
+    if problems or cluster is None or image is None or plugin is None or launch is None:
         raise StackConfigError("\n".join(problems))
     return StackConfig(
         region=k.region,
         cluster=cluster,
         plugin_image=image,
         plugin=plugin,
+        plugin_launch=launch,
         namespace=k.namespace,
         samples=samples,
         job_deadline_seconds=deadline,
@@ -513,6 +521,17 @@ def _plugin_config(k: _Keys) -> tuple[PluginConfig | None, list[str]]:
     except ConfigError as exc:
         return None, [_pool_problem(p) for p in exc.problems]
     return PluginConfig(non_host_network=k.non_host_network, pools=(pool,)), []
+
+
+def _plugin_launch(k: _Keys) -> tuple[LaunchSpec | None, list[str]]:
+    """The DaemonSet's flags; the plugin's LaunchSpec decides what is legal."""
+    try:
+        spec = LaunchSpec(config=DEFAULT_CONFIG_PATH, rescan_interval=k.rdma_rescan_interval)
+    except ValueError as exc:
+        why = str(exc).partition(": ")[2]
+        key = "rdmaRescanInterval"
+        return None, [f"{_key(key)}: {why} {_set(key, f'{LaunchSpec().rescan_interval:g}')}"]
+    return spec, []
 
 
 def _pool_problem(problem: Problem) -> str:

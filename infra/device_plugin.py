@@ -13,12 +13,8 @@ import pulumi_kubernetes as k8s
 
 from infra.alicloud import cs
 from infra.config import BuiltImage, PinnedImage, RegistryLogin, StackConfigError
-from plugin.config import (
-    DEFAULT_CONFIG_PATH,
-    DEFAULT_DEVICE_PLUGIN_DIR,
-    DEFAULT_METRICS_PORT,
-    PluginConfig,
-)
+from plugin.config import DEFAULT_DEVICE_PLUGIN_DIR, PluginConfig
+from plugin.launch import LaunchSpec
 
 LINGJUN_NODE_LABEL = "alibabacloud.com/lingjun-worker"
 # Relative to the project directory, where Pulumi runs the program: the plan stays the same on
@@ -32,6 +28,7 @@ APP_LABEL = "app.kubernetes.io/name"
 class DevicePluginArgs:
     namespace: str
     plugin_config: PluginConfig
+    launch: LaunchSpec
     # Pinned, or built from plugin/Dockerfile and pushed to a repository created in an ACR
     # Enterprise Edition instance (the Personal Edition's resources are deprecated).
     image: PinnedImage | BuiltImage
@@ -89,13 +86,14 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
         config_map = k8s.core.v1.ConfigMap(
             f"{name}-config",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=name, namespace=args.namespace, labels=labels),
-            data={DEFAULT_CONFIG_PATH.name: config_yaml},
+            data={args.launch.config_path.name: config_yaml},
             opts=in_ns,
         )
         daemonset = k8s.apps.v1.DaemonSet(
             f"{name}-ds",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=name, namespace=args.namespace, labels=labels),
             spec=_daemonset_spec(
+                args.launch,
                 labels=labels,
                 image=self.image,
                 service_account=account.metadata.name,
@@ -198,29 +196,9 @@ def registry_endpoint(instance_id: str, endpoints: Sequence[str]) -> str:
     return endpoints[0]
 
 
-def plugin_command() -> list[str]:
-    """The plugin's CLI, with the paths and port from plugin/config.py."""
-    return [
-        "python",
-        "-m",
-        "plugin",
-        "--config",
-        str(DEFAULT_CONFIG_PATH),
-        "--sysfs-root",
-        "/sys",
-        "--dev-root",
-        "/dev",
-        "--device-plugin-dir",
-        str(DEFAULT_DEVICE_PLUGIN_DIR),
-        "--discovery",
-        "auto",
-        "--rescan-interval",
-        "5",
-        "--metrics-address",
-        f"0.0.0.0:{DEFAULT_METRICS_PORT}",
-        "--log-level",
-        "info",
-    ]
+def plugin_command(launch: LaunchSpec) -> list[str]:
+    """The container's command: the image's Python running the plugin with `launch`'s flags."""
+    return ["python", "-m", "plugin", *launch.argv()]
 
 
 def _host_path(name: str, path: str, kind: str = "Directory") -> k8s.core.v1.VolumeArgs:
@@ -239,6 +217,7 @@ def _probe(initial_delay: int) -> k8s.core.v1.ProbeArgs:
 
 
 def _daemonset_spec(
+    launch: LaunchSpec,
     *,
     labels: dict[str, str],
     image: pulumi.Input[str],
@@ -247,13 +226,15 @@ def _daemonset_spec(
     config_sha256: str,
     pull_secrets: list[k8s.core.v1.LocalObjectReferenceArgs],
 ) -> k8s.apps.v1.DaemonSetSpecArgs:
+    if launch.metrics_port is None:
+        raise ValueError("the DaemonSet's probes need the plugin's metrics address")
     container = k8s.core.v1.ContainerArgs(
         name="plugin",
         image=image,
-        command=plugin_command(),
+        command=plugin_command(launch),
         ports=[
             k8s.core.v1.ContainerPortArgs(
-                name="metrics", container_port=DEFAULT_METRICS_PORT, protocol="TCP"
+                name="metrics", container_port=launch.metrics_port, protocol="TCP"
             )
         ],
         liveness_probe=_probe(initial_delay=10),
@@ -278,14 +259,16 @@ def _daemonset_spec(
         ),
         volume_mounts=[
             k8s.core.v1.VolumeMountArgs(
-                name="device-plugins", mount_path=str(DEFAULT_DEVICE_PLUGIN_DIR)
-            ),
-            k8s.core.v1.VolumeMountArgs(name="sys", mount_path="/sys", read_only=True),
-            k8s.core.v1.VolumeMountArgs(
-                name="infiniband", mount_path="/dev/infiniband", read_only=True
+                name="device-plugins", mount_path=str(launch.device_plugin_dir)
             ),
             k8s.core.v1.VolumeMountArgs(
-                name="config", mount_path=str(DEFAULT_CONFIG_PATH.parent), read_only=True
+                name="sys", mount_path=str(launch.sysfs_root), read_only=True
+            ),
+            k8s.core.v1.VolumeMountArgs(
+                name="infiniband", mount_path=str(launch.dev_root / "infiniband"), read_only=True
+            ),
+            k8s.core.v1.VolumeMountArgs(
+                name="config", mount_path=str(launch.config_path.parent), read_only=True
             ),
             k8s.core.v1.VolumeMountArgs(name="tmp", mount_path="/tmp"),
         ],

@@ -78,6 +78,7 @@ def _plugin_args(cfg: StackConfig) -> DevicePluginArgs:
     return DevicePluginArgs(
         namespace=cfg.namespace,
         plugin_config=cfg.plugin,
+        launch=cfg.plugin_launch,
         image=cfg.plugin_image,
         registry_namespace=f"{NAME}-{pulumi.get_stack()}",
         await_timeout=cfg.plugin_await_timeout,

@@ -6,30 +6,27 @@ scan it triggers (fail fast); only a scan brings them back (recover on evidence)
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
-import socket
 import time
+from collections.abc import Awaitable, Callable, Sequence
 
 from plugin import pool as policy
 from plugin.config import PluginConfig
 from plugin.discovery.model import Discovery, Inventory
+from plugin.events import KernelEvents
 from plugin.linkstate import carrier_changes, without_carrier
 from plugin.metrics import Metrics
 from plugin.netmode import non_host_network_problems
-from plugin.server import DevicePluginServicer
 
 logger = logging.getLogger(__name__)
 
-# rtnetlink multicast groups: link up/down, and address changes (they change the GID table)
-_RTMGRP_LINK, _RTMGRP_IPV4_IFADDR, _RTMGRP_IPV6_IFADDR = 0x1, 0x10, 0x100
-_RTNETLINK = (socket.NETLINK_ROUTE, _RTMGRP_LINK | _RTMGRP_IPV4_IFADDR | _RTMGRP_IPV6_IFADDR)
-# kernel uevents (group 1): an ibdev or its uverbs/umad node appearing or going away
-_UEVENTS = (15, 1)  # NETLINK_KOBJECT_UEVENT
+Publish = Callable[[Sequence[policy.PoolView]], Awaitable[None]]
 
 
 class HealthWatcher:
-    """Owns the scan loop: discovery -> pool views -> servicers and metrics."""
+    """The node's state: the only holder of the last inventory, the netdevs without carrier and
+    the pool views made of them. Scans run in a thread that returns an Inventory and writes
+    nothing; everything else runs on the event loop. Every new set of views goes to `publish`."""
 
     def __init__(
         self,
@@ -37,12 +34,13 @@ class HealthWatcher:
         config: PluginConfig,
         metrics: Metrics,
         interval: float,
+        publish: Publish,
     ) -> None:
         self.discovery = discovery
         self.config = config
         self.metrics = metrics
         self.interval = interval
-        self.servicers: dict[str, DevicePluginServicer] = {}
+        self.publish = publish
         self._trigger = asyncio.Event()
         self._reported: tuple[str, ...] | None = None
         # netdevs rtnetlink last reported without carrier; they hold their ports down
@@ -50,25 +48,17 @@ class HealthWatcher:
         self._inventory = Inventory()  # the last scan, as discovery read it
         self._fail_fast: asyncio.Task[None] | None = None
 
-    def scan(self) -> list[policy.PoolView]:
-        """One scan, logged and counted; raises DiscoveryError."""
-        no_carrier = self._no_carrier  # this thread's snapshot; the loop replaces the set
-        self._inventory = self.discovery.scan()
-        self.metrics.last_scan.set(time.time())
-        return self._views(no_carrier)
-
-    def _views(self, no_carrier: frozenset[str]) -> list[policy.PoolView]:
-        """The last scan's inventory with `no_carrier`'s ports held down, as pool views."""
-        inventory = without_carrier(self._inventory, no_carrier)
+    def _views(self) -> list[policy.PoolView]:
+        """The last scan's inventory with the ports of netdevs without carrier held down."""
+        inventory = without_carrier(self._inventory, self._no_carrier)
         views, conflicts = policy.assign(self.config, inventory)
         self._report(inventory, views, conflicts)
         return views
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        socks = [s for s in (_netlink_socket(*_RTNETLINK), _netlink_socket(*_UEVENTS)) if s]
-        for sock in socks:
-            loop.add_reader(sock.fileno(), self._on_netlink, sock)
+        """Scan on every relevant kernel event and every `interval`, publishing each result."""
+        events = KernelEvents(self.on_link_message, self._trigger.set, self._on_overrun)
+        source = asyncio.create_task(events.run(), name="kernel events")
         try:
             while True:
                 trigger = "event"
@@ -80,50 +70,27 @@ class HealthWatcher:
                 self.metrics.scans.labels(trigger).inc()
                 await self.rescan()
         finally:
-            for sock in socks:
-                loop.remove_reader(sock.fileno())
-                sock.close()
+            source.cancel()
+            await asyncio.gather(source, return_exceptions=True)
 
     async def rescan(self) -> None:
-        no_carrier = self._no_carrier
+        """One scan, published; a failed one keeps the last views (the next trigger retries)."""
         try:
             # sysfs reads (hundreds of GID files per port) stay off the loop serving Allocate
-            views = await asyncio.to_thread(self.scan)
-        except Exception:  # keep serving the last good view; the next trigger retries
+            inventory = await asyncio.to_thread(self.discovery.scan)
+        except Exception:
             self.metrics.errors.labels(kind="scan").inc()
             logger.exception("scan failed; keeping the previous devices")
             return
-        if self._no_carrier != no_carrier:  # carrier changed while it ran: its view is stale
-            views = self._views(self._no_carrier)
-        await self._publish(views)
+        self._inventory = inventory
+        self.metrics.last_scan.set(time.time())
+        # carrier lost while the scan ran is still held: _views applies the current set
+        await self.publish(self._views())
 
-    async def _publish(self, views: list[policy.PoolView]) -> None:
-        for view in views:
-            servicer = self.servicers.get(view.pool.name)
-            if servicer is not None:
-                await servicer.update(view)
-
-    def _on_netlink(self, sock: socket.socket) -> None:
-        rtnetlink = sock.proto == socket.NETLINK_ROUTE
-        relevant = rtnetlink
-        try:
-            while data := sock.recv(65536):
-                if rtnetlink:
-                    self.on_link_message(data)
-                relevant = relevant or b"SUBSYSTEM=infiniband" in data  # uevents: RDMA only
-        except BlockingIOError:
-            pass
-        except OSError as exc:
-            if exc.errno != errno.ENOBUFS:
-                raise
-            # the kernel dropped messages: what they said is unknown, so a scan decides
-            relevant = True
-            self.metrics.errors.labels(kind="netlink_overrun").inc()
-            logger.warning("netlink socket overran (protocol %d); re-scanning", sock.proto)
-            if rtnetlink:
-                self._no_carrier = frozenset()
-        if relevant:
-            self._trigger.set()
+    def _on_overrun(self, rtnetlink: bool) -> None:
+        self.metrics.errors.labels(kind="netlink_overrun").inc()
+        if rtnetlink:  # which netdevs lost or regained carrier is unknown: the scan decides
+            self._no_carrier = frozenset()
 
     def on_link_message(self, data: bytes) -> None:
         """An rtnetlink datagram: a netdev of the last scan losing carrier takes its ports
@@ -133,7 +100,7 @@ class HealthWatcher:
         lost = down - self._no_carrier
         self._no_carrier = frozenset((self._no_carrier - changes.keys()) | down)
         if lost & {n for h in self._inventory.hcas for n in h.netdevs}:
-            views = self._views(self._no_carrier)
+            views = self._views()
             # one at a time: a later loss publishes after the earlier one, never before
             self._fail_fast = asyncio.get_running_loop().create_task(
                 self._publish_after(self._fail_fast, views)
@@ -144,7 +111,7 @@ class HealthWatcher:
     ) -> None:
         if previous is not None:
             await previous
-        await self._publish(views)
+        await self.publish(views)
 
     def _report(
         self, inventory: Inventory, views: list[policy.PoolView], conflicts: list[str]
@@ -191,16 +158,3 @@ def _why_empty(inventory: Inventory) -> str:
         )
     names = ", ".join(h.name for h in inventory.hcas)
     return f"its selector matches none of this node's HCAs ({names}): 0 devices; fix the selector"
-
-
-def _netlink_socket(protocol: int, groups: int) -> socket.socket | None:
-    try:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, protocol)
-        sock.bind((0, groups))
-        sock.setblocking(False)
-    except OSError as exc:
-        logger.warning(
-            "no netlink events (protocol %d: %s): relying on the periodic re-scan", protocol, exc
-        )
-        return None
-    return sock

@@ -4,16 +4,14 @@ is re-created, our socket is deleted, or the kubelet ends ListAndWatch."""
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
-import os
-import struct
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
+from plugin import pool as policy
 from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from plugin.config import Pool
 from plugin.metrics import Metrics
 from plugin.server import DevicePluginServicer
 
@@ -37,14 +35,19 @@ def socket_name(resource_name: str) -> str:
 
 
 class Endpoint:
-    """One pool's plugin socket, its grpc server, and its registration loop."""
+    """One pool's plugin socket, its grpc server and servicer, and its registration loop: the
+    only writer of all of them. It starts with no device; `update` gives it each scan."""
 
-    def __init__(self, servicer: DevicePluginServicer, plugin_dir: Path, metrics: Metrics) -> None:
-        self.servicer = servicer
+    def __init__(self, pool: Pool, dev_root: Path, plugin_dir: Path, metrics: Metrics) -> None:
+        empty = policy.PoolView(pool=pool, hcas=(), devices=(), rdma_cm=False)
+        self._servicer = DevicePluginServicer(empty, dev_root, metrics, streams=self)
         self.plugin_dir = plugin_dir
-        self.path = plugin_dir / socket_name(servicer.resource)  # length checked by the CLI
+        self.path = plugin_dir / socket_name(pool.resource_name)  # length checked by the CLI
         self.metrics = metrics
         self.kubelet = plugin_dir / KUBELET_SOCKET
+        # Bumped before each Register and each new server: a stream of an older registration
+        # ending is the kubelet replacing it, not the kubelet dropping us.
+        self._generation = 0
         self._server: grpc.aio.Server | None = None
         self._inode: int | None = None
         # Level-triggered: a wake only says "look again"; what to do follows from this state, so
@@ -52,14 +55,31 @@ class Endpoint:
         self._registered_with: int | None = None  # inode of the kubelet.sock we registered with
         self._stream_lost = False
         self._wake = asyncio.Event()
-        servicer.on_stream_end = self._on_stream_end
+
+    @property
+    def view(self) -> policy.PoolView:
+        return self._servicer.view
+
+    async def update(self, view: policy.PoolView) -> None:
+        await self._servicer.update(view)
 
     def wake(self) -> None:
+        """Look again at the socket and the registration (something changed in the dir)."""
         self._wake.set()
 
-    def _on_stream_end(self) -> None:
+    def stream_opened(self) -> int:
+        return self._generation
+
+    def stream_ended(self, token: int) -> None:
+        if token != self._generation:
+            return  # a replaced registration's stream
+        logger.warning("%s: the kubelet ended ListAndWatch; registering again", self.resource)
         self._stream_lost = True
         self._wake.set()
+
+    @property
+    def resource(self) -> str:
+        return self._servicer.resource
 
     @property
     def serving(self) -> bool:
@@ -92,7 +112,7 @@ class Endpoint:
                     self.metrics.errors.labels(kind="serve").inc()
                     logger.warning(
                         "%s: cannot serve %s (%s); retrying in %.1fs",
-                        self.servicer.resource,
+                        self.resource,
                         self.path,
                         exc,
                         backoff,
@@ -113,7 +133,7 @@ class Endpoint:
         request = api_pb2.RegisterRequest(
             version=API_VERSION,
             endpoint=self.path.name,
-            resource_name=self.servicer.resource,
+            resource_name=self.resource,
             options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
         )
         async with grpc.aio.insecure_channel(
@@ -131,7 +151,7 @@ class Endpoint:
                     if not call.done() and (not self.serving or _inode(self.kubelet) != target):
                         logger.info(
                             "%s: %s changed while Register was in flight: starting over",
-                            self.servicer.resource,
+                            self.resource,
                             self.path.name if not self.serving else KUBELET_SOCKET,
                         )
                         return False
@@ -150,7 +170,7 @@ class Endpoint:
         return True
 
     async def stop(self) -> None:
-        await self.servicer.stop_streams()
+        await self._servicer.stop_streams()
         if self._server is not None:
             await self._server.stop(grace=1)
             self._server = None
@@ -159,12 +179,12 @@ class Endpoint:
 
     async def _restart_server(self) -> None:
         # The old server deletes its socket by path when it stops: stop it before binding anew.
-        self.servicer.generation += 1
+        self._generation += 1
         if self._server is not None:
             await self._server.stop(grace=0)
         self.path.unlink(missing_ok=True)
         server = grpc.aio.server()
-        api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self._servicer, server)
         server.add_insecure_port(f"unix://{self.path}")
         await server.start()
         self._server, self._inode = server, _inode(self.path)
@@ -173,14 +193,14 @@ class Endpoint:
             await api_pb2_grpc.DevicePluginStub(ch).GetDevicePluginOptions(
                 api_pb2.Empty(), timeout=5
             )
-        logger.info("%s: serving %s", self.servicer.resource, self.path)
+        logger.info("%s: serving %s", self.resource, self.path)
 
     async def _register(self) -> bool:
         """Register, retrying with backoff; False when woken to start over."""
         backoff = _BACKOFF_START
         kubelet = self.kubelet
         while self.serving:  # a kubelet starting up may delete our socket at any point
-            self.servicer.generation += 1
+            self._generation += 1
             self._stream_lost = False
             self._registered_with = None
             target = _inode(kubelet)
@@ -188,10 +208,10 @@ class Endpoint:
                 if not await self._register_unless_moot(target):
                     return False
             except grpc.aio.AioRpcError as exc:
-                self.metrics.registrations.labels(self.servicer.resource, "error").inc()
+                self.metrics.registrations.labels(self.resource, "error").inc()
                 logger.warning(
                     "%s: cannot register with %s (%s: %s); retrying in %.1fs",
-                    self.servicer.resource,
+                    self.resource,
                     kubelet,
                     exc.code().name,
                     exc.details(),
@@ -199,76 +219,13 @@ class Endpoint:
                 )
             else:
                 self._registered_with = target
-                self.metrics.registrations.labels(self.servicer.resource, "ok").inc()
-                logger.info("%s: registered with the kubelet", self.servicer.resource)
+                self.metrics.registrations.labels(self.resource, "ok").inc()
+                logger.info("%s: registered with the kubelet", self.resource)
                 return True
             if await self._sleep_unless_woken(backoff):
                 return False
             backoff = min(backoff * 2, _BACKOFF_MAX)
         return False
-
-
-class DirWatcher:
-    """inotify on the device-plugins dir: calls `on_change(name)` when a file appears or goes
-    away there (kubelet.sock re-created, our socket deleted); re-arms if the dir is re-created.
-    Renames count too: the kubelet rewrites its checkpoint through temp files, which only costs
-    the endpoints a look at their state."""
-
-    _IN_CREATE, _IN_DELETE, _IN_MOVED_TO, _IN_MOVED_FROM = 0x100, 0x200, 0x80, 0x40
-    _IN_DELETE_SELF, _IN_MOVE_SELF, _IN_IGNORED = 0x400, 0x800, 0x8000
-
-    def __init__(self, directory: Path, on_change: Callable[[str], None]) -> None:
-        self.directory = directory
-        self.on_change = on_change
-        self._libc = ctypes.CDLL(None, use_errno=True)
-        self._fd = -1
-
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        if self._fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1 failed")
-        lost = asyncio.Event()
-        loop.add_reader(self._fd, self._read, lost)
-        try:
-            while True:
-                await self._arm()
-                await lost.wait()
-                lost.clear()
-                self.on_change(str(self.directory))  # the dir came back: all in it is new
-        finally:
-            loop.remove_reader(self._fd)
-            os.close(self._fd)
-
-    async def _arm(self) -> None:
-        mask = (
-            self._IN_CREATE
-            | self._IN_DELETE
-            | self._IN_MOVED_TO
-            | self._IN_MOVED_FROM
-            | self._IN_DELETE_SELF
-            | self._IN_MOVE_SELF
-        )
-        backoff = _BACKOFF_START
-        while self._libc.inotify_add_watch(self._fd, bytes(self.directory), mask) < 0:
-            logger.warning("waiting for %s to exist (retry in %.1fs)", self.directory, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, _BACKOFF_MAX)
-
-    def _read(self, lost: asyncio.Event) -> None:
-        try:
-            data = os.read(self._fd, 65536)
-        except BlockingIOError:
-            return
-        offset = 0
-        while offset + 16 <= len(data):
-            _wd, mask, _cookie, length = struct.unpack_from("iIII", data, offset)
-            name = data[offset + 16 : offset + 16 + length].rstrip(b"\0").decode()
-            offset += 16 + length
-            if mask & (self._IN_DELETE_SELF | self._IN_MOVE_SELF | self._IN_IGNORED):
-                lost.set()
-            else:
-                self.on_change(name)
 
 
 def _inode(path: Path) -> int | None:

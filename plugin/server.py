@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
@@ -17,25 +18,30 @@ from plugin.wire import list_and_watch_response
 logger = logging.getLogger(__name__)
 
 
+class Streams(Protocol):
+    """Who is told of ListAndWatch streams: the registrar that owns this servicer's socket."""
+
+    def stream_opened(self) -> int:
+        """A token naming the registration the new stream belongs to."""
+        ...
+
+    def stream_ended(self, token: int) -> None:
+        """The kubelet ended the stream opened under `token` (we did not)."""
+        ...
+
+
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     """Serves one pool. `update` pushes a new scan; streams see every change at once."""
 
     def __init__(
-        self,
-        view: policy.PoolView,
-        dev_root: Path,
-        metrics: Metrics,
+        self, view: policy.PoolView, dev_root: Path, metrics: Metrics, streams: Streams
     ) -> None:
         self.view = view
         self.dev_root = dev_root
         self.metrics = metrics
-        # Set by the registrar that owns this servicer's socket.
-        self.on_stream_end: Callable[[], None] = lambda: None
+        self.streams = streams
         self.resource = view.pool.resource_name
-        # Bumped by the registrar before each Register: a stream of an older registration ending
-        # is the kubelet replacing it, not the kubelet dropping us.
-        self.generation = 0
-        self.stopping = False
+        self._stopping = False
         self._response = list_and_watch_response(view)
         self._changed = asyncio.Condition()
         self._version = 0
@@ -51,7 +57,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             self._changed.notify_all()
 
     async def stop_streams(self) -> None:
-        self.stopping = True
+        self._stopping = True
         async with self._changed:
             self._version += 1
             self._changed.notify_all()
@@ -64,26 +70,21 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     async def ListAndWatch(
         self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[object, object]
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
-        generation = self.generation
-        logger.info("%s: ListAndWatch opened (registration %d)", self.resource, generation)
-        ended_by_us = False
+        token = self.streams.stream_opened()
+        logger.info("%s: ListAndWatch opened (registration %d)", self.resource, token)
         try:
             while True:
                 async with self._changed:
                     version = self._version
-                if self.stopping:
-                    ended_by_us = True
+                if self._stopping:
                     return
                 yield self._response
                 async with self._changed:
                     while self._version == version:
                         await self._changed.wait()
         finally:
-            if not ended_by_us and generation == self.generation and not self.stopping:
-                logger.warning(
-                    "%s: the kubelet ended ListAndWatch; registering again", self.resource
-                )
-                self.on_stream_end()
+            if not self._stopping:
+                self.streams.stream_ended(token)
 
     async def GetPreferredAllocation(
         self,

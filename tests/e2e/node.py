@@ -8,6 +8,7 @@ import stat
 import urllib.request
 from pathlib import Path
 
+from plugin.launch import LaunchSpec
 from tests.e2e.cluster import DEVICE_PLUGIN_DIR, free_port
 from tests.e2e.procs import Proc, eventually
 from tests.plugin.plugin_process import plugin_argv
@@ -60,12 +61,16 @@ class Plugin:
 
     def argv(self) -> list[str]:
         return plugin_argv(
-            sysfs=self.tree.sys,
-            dev=self.tree.dev,
-            plugin_dir=DEVICE_PLUGIN_DIR,
-            rescan_interval=0.5,
-            metrics_address=f"127.0.0.1:{self.metrics_port}",
-            config=self.config,
+            LaunchSpec(
+                config=self.config,
+                sysfs_root=self.tree.sys,
+                dev_root=self.tree.dev,
+                device_plugin_dir=DEVICE_PLUGIN_DIR,
+                discovery="sysfs",
+                rescan_interval=0.5,
+                metrics_address=f"127.0.0.1:{self.metrics_port}",
+                log_level="debug",
+            )
         )
 
     def start(self, config_yaml: str | None = None) -> None:

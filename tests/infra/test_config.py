@@ -170,6 +170,15 @@ def test_max_allocations_out_of_the_plugins_range_is_refused(value: str, why: st
     assert why in message
 
 
+def test_a_rescan_interval_the_plugin_would_refuse_is_refused_at_preview() -> None:
+    message = _error(rdmaRescanInterval="0")
+
+    assert message == (
+        "lingjun-rdma:rdmaRescanInterval: must be a number of seconds > 0 "
+        "(pulumi config set lingjun-rdma:rdmaRescanInterval 5)"
+    )
+
+
 def test_creating_the_lingjun_group_needs_its_inputs() -> None:
     message = _error(lingjunMachineType="")
 

@@ -16,6 +16,7 @@ from infra.device_plugin import registry_endpoint
 from infra.jobs import LINGJUN_NCCL_ENV, RDMA_ENV_FILE, SAMPLES, job_spec
 from infra.offline import SECRET, RunResult, manifests, normalize, run_program
 from infra.stackfiles import stack_config
+from plugin import launch
 from plugin.config import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_DEVICE_PLUGIN_DIR,
@@ -23,6 +24,7 @@ from plugin.config import (
     DEFAULT_METRICS_PORT,
     parse_config,
 )
+from plugin.launch import LaunchSpec
 from tests.infra.conftest import STACKS, k8s_object, k8s_objects, of_type, one, run
 
 # (stack, nonHostNetwork): one stack per network mode.
@@ -430,6 +432,19 @@ def test_daemonset_command_and_probes_use_the_plugins_paths_and_port() -> None:
     ]
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+
+
+@pytest.mark.parametrize(("overrides", "interval"), [((), 5.0), (("rdmaRescanInterval=30",), 30.0)])
+def test_daemonset_command_is_the_launch_spec_the_plugin_parses_back(
+    overrides: tuple[str, ...], interval: float
+) -> None:
+    command = _daemonset(run("dev", *overrides))["spec"]["template"]["spec"]["containers"][0][
+        "command"
+    ]
+
+    assert launch.parse(command[3:]) == LaunchSpec(
+        config=DEFAULT_CONFIG_PATH, rescan_interval=interval
+    )
 
 
 def test_config_change_changes_the_pod_template() -> None:

@@ -13,6 +13,7 @@ import yaml
 
 from infra.config import PROJECT, PROJECT_DIR, known_keys
 from plugin.config import DEFAULT_MAX_ALLOCATIONS, DEFAULT_RESOURCE_NAME
+from plugin.launch import LaunchSpec
 from tests.infra.conftest import STACKS
 from tests.infra.pulumi_cli import project_errors, stack_errors
 
@@ -45,6 +46,7 @@ def test_rdma_defaults_in_pulumi_yaml_are_the_plugins() -> None:
 
     assert config["rdmaResourceName"]["default"] == DEFAULT_RESOURCE_NAME
     assert config["rdmaMaxAllocations"]["default"] == DEFAULT_MAX_ALLOCATIONS
+    assert config["rdmaRescanInterval"]["default"] == LaunchSpec().rescan_interval
 
 
 def test_a_key_without_default_is_required_on_every_stack_that_omits_it() -> None:

@@ -8,30 +8,12 @@ import socket
 import sys
 from pathlib import Path
 
+from plugin.launch import LaunchSpec
 
-def plugin_argv(
-    *,
-    sysfs: Path,
-    dev: Path,
-    plugin_dir: Path,
-    discovery: str = "sysfs",
-    rescan_interval: float = 0.1,
-    metrics_address: str = "",
-    log_level: str = "debug",
-    config: Path | None = None,
-) -> list[str]:
-    """The plugin's command line as every test level runs it (the CLI contract of issue 4)."""
-    argv = [
-        *(sys.executable, "-m", "plugin"),
-        *("--sysfs-root", str(sysfs)),
-        *("--dev-root", str(dev)),
-        *("--device-plugin-dir", str(plugin_dir)),
-        *("--discovery", discovery),
-        *("--rescan-interval", str(rescan_interval)),
-        *("--metrics-address", metrics_address),
-        *("--log-level", log_level),
-    ]
-    return argv + (["--config", str(config)] if config else [])
+
+def plugin_argv(spec: LaunchSpec) -> list[str]:
+    """The plugin's command line as every test level runs it: the launch contract's flags."""
+    return [sys.executable, "-m", "plugin", *spec.argv()]
 
 
 def free_port() -> int:
@@ -70,13 +52,16 @@ class PluginProcess:
         return [
             *(("ip", "netns", "exec", self.netns) if self.netns else ()),
             *plugin_argv(
-                sysfs=self.sysfs,
-                dev=self.dev,
-                plugin_dir=self.plugin_dir,
-                discovery=self.discovery,
-                metrics_address=f"127.0.0.1:{self.metrics_port}",
-                log_level=self.log_level,
-                config=config,
+                LaunchSpec(
+                    config=config,
+                    sysfs_root=self.sysfs,
+                    dev_root=self.dev,
+                    device_plugin_dir=self.plugin_dir,
+                    discovery=self.discovery,  # type: ignore[arg-type]
+                    rescan_interval=0.1,
+                    metrics_address=f"127.0.0.1:{self.metrics_port}",
+                    log_level=self.log_level,  # type: ignore[arg-type]
+                )
             ),
             *extra,
         ]

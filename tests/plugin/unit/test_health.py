@@ -1,6 +1,7 @@
-"""The watcher's fail-fast (plugin/health.py): a carrier loss reaches the servicer while a scan
+"""The watcher's fail-fast (plugin/health.py): a carrier loss reaches the endpoint while a scan
 is still running in its thread, and the scan's stale view does not undo it. The discovery
-here is a stand-in whose scan can be held; the servicer is the real one."""
+here is a stand-in whose scan can be held; the endpoint (and its servicer) is the real one,
+not serving."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import struct
 import threading
 from pathlib import Path
 
-from plugin.config import PluginConfig
+from plugin.config import PluginConfig, Pool
 from plugin.discovery.model import CharDevices, Hca, Inventory, Port
 from plugin.health import HealthWatcher
+from plugin.kubelet import Endpoint
 from plugin.metrics import Metrics
-from plugin.server import DevicePluginServicer
 
 RTM_NEWLINK, IFF_UP, IFF_LOWER_UP = 16, 0x1, 0x10000
 
@@ -68,18 +69,26 @@ async def wait_until(predicate: object, what: str) -> None:
     raise AssertionError(f"not within 2 s: {what}")
 
 
-def health(servicer: DevicePluginServicer) -> set[bool]:
-    return {d.healthy for d in servicer.view.devices}
+def health(endpoint: Endpoint) -> set[bool]:
+    return {d.healthy for d in endpoint.view.devices}
+
+
+def watched(discovery: HeldDiscovery, metrics: Metrics) -> tuple[HealthWatcher, Endpoint]:
+    endpoint = Endpoint(Pool(name="hca"), Path("/dev"), Path("/nonexistent"), metrics)
+
+    async def publish(views: object) -> None:
+        assert isinstance(views, list)
+        (view,) = views
+        await endpoint.update(view)
+
+    return HealthWatcher(discovery, PluginConfig(), metrics, 600, publish), endpoint
 
 
 async def test_carrier_loss_is_published_while_a_scan_runs_and_the_scan_keeps_it() -> None:
     discovery = HeldDiscovery()
-    metrics = Metrics()
-    watcher = HealthWatcher(discovery, PluginConfig(), metrics, interval=600)
-    (view,) = watcher.scan()
-    servicer = DevicePluginServicer(view, Path("/dev"), metrics)
-    watcher.servicers[view.pool.name] = servicer
-    assert health(servicer) == {True}
+    watcher, endpoint = watched(discovery, Metrics())
+    await watcher.rescan()
+    assert health(endpoint) == {True}
 
     discovery.hold = True
     rescan = asyncio.create_task(watcher.rescan())
@@ -88,23 +97,23 @@ async def test_carrier_loss_is_published_while_a_scan_runs_and_the_scan_keeps_it
     watcher.on_link_message(link_message("eth0", carrier=False))
     watcher.on_link_message(link_message("eth1", carrier=False))
 
-    await wait_until(lambda: health(servicer) == {False}, "Unhealthy while the scan is held")
+    await wait_until(lambda: health(endpoint) == {False}, "Unhealthy while the scan is held")
     assert not rescan.done()
     discovery.release.set()
     await rescan  # its view says ACTIVE, read before the loss: it must not heal
-    assert health(servicer) == {False}
+    assert health(endpoint) == {False}
 
     watcher.on_link_message(link_message("eth0", carrier=True))
     await watcher.rescan()  # carrier back: only a scan heals
-    assert health(servicer) == {True}
+    assert health(endpoint) == {True}
 
 
 async def test_a_repeated_loss_keeps_the_netdev_held() -> None:
     discovery = HeldDiscovery()
-    watcher = HealthWatcher(discovery, PluginConfig(), Metrics(), interval=600)
-    watcher.scan()
+    watcher, endpoint = watched(discovery, Metrics())
+    await watcher.rescan()
     for _ in range(2):  # the kernel sends a NEWLINK per change: down, then e.g. an MTU change
         watcher.on_link_message(link_message("eth0", carrier=False))
         watcher.on_link_message(link_message("eth1", carrier=False))
-    (view,) = watcher.scan()
-    assert {d.healthy for d in view.devices} == {False}
+    await watcher.rescan()
+    assert health(endpoint) == {False}

@@ -1,0 +1,110 @@
+"""The plugin's launch contract: every flag once, typed, with its default. The CLI parses into a
+LaunchSpec; infra/ renders the DaemonSet's command from one; tests build their command lines
+from one. A default written here is written nowhere else."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Literal, get_args
+
+from plugin.config import DEFAULT_CONFIG_PATH, DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_METRICS_PORT
+
+DiscoveryKind = Literal["auto", "verbs", "sysfs"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How one plugin process runs."""
+
+    # None: DEFAULT_CONFIG_PATH if it exists, else the default config; a path given must exist.
+    config: Path | None = None
+    sysfs_root: Path = Path("/sys")
+    dev_root: Path = Path("/dev")
+    device_plugin_dir: Path = DEFAULT_DEVICE_PLUGIN_DIR
+    discovery: DiscoveryKind = "auto"
+    # Seconds between periodic scans, the backstop behind netlink and uevent events.
+    rescan_interval: float = 5.0
+    # HOST:PORT for /metrics and /healthz; "" disables them.
+    metrics_address: str = f"0.0.0.0:{DEFAULT_METRICS_PORT}"
+    log_level: LogLevel = "info"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.rescan_interval) and self.rescan_interval > 0):
+            raise ValueError(
+                f"--rescan-interval {self.rescan_interval}: must be a number of seconds > 0"
+            )
+        if self.metrics_address and self.metrics_port is None:
+            raise ValueError(
+                f"--metrics-address {self.metrics_address}: expected HOST:PORT with a port "
+                "0-65535, or an empty value to disable"
+            )
+
+    @property
+    def config_path(self) -> Path:
+        return self.config or DEFAULT_CONFIG_PATH
+
+    @property
+    def metrics_host(self) -> str:
+        return self.metrics_address.rpartition(":")[0].strip("[]")
+
+    @property
+    def metrics_port(self) -> int | None:
+        _, sep, port = self.metrics_address.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            return None
+        return int(port)
+
+    def argv(self) -> list[str]:
+        """The flags that launch exactly this spec, every one spelled out."""
+        args: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                args += [_flag(f.name), str(value)]
+        return args
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+_HELP = {
+    "config": f"plugin config (default {DEFAULT_CONFIG_PATH}; absent: defaults)",
+    "discovery": "auto: verbs when pyverbs finds devices, else sysfs",
+    "rescan_interval": "periodic re-scan in seconds, the backstop behind netlink events",
+    "metrics_address": "HOST:PORT for /metrics and /healthz; empty disables",
+}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "discovery": get_args(DiscoveryKind),
+    "log_level": get_args(LogLevel),
+}
+
+
+def parse(argv: list[str] | None) -> LaunchSpec:
+    """The command line as a LaunchSpec; a bad flag exits 2 naming it (argparse's way)."""
+    parser = argparse.ArgumentParser(
+        prog="rdma-device-plugin", description="Kubernetes device plugin for RDMA HCAs (rdma/hca)"
+    )
+    defaults = LaunchSpec()
+    for f in fields(LaunchSpec):
+        default = getattr(defaults, f.name)
+        kind: Callable[[str], object] = (
+            float if isinstance(default, float) else str if isinstance(default, str) else Path
+        )
+        parser.add_argument(
+            _flag(f.name),
+            dest=f.name,
+            type=kind,
+            default=default,
+            choices=_CHOICES.get(f.name),
+            help=_HELP.get(f.name),
+        )
+    try:
+        return LaunchSpec(**vars(parser.parse_args(argv)))
+    except ValueError as exc:
+        parser.error(str(exc))

@@ -1,0 +1,126 @@
+"""The running plugin: builds the owners (node state, one endpoint per pool, event sources,
+the metrics server), runs them as one task group, and stops them on a signal or a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from plugin import pool as policy
+from plugin.config import ConfigError, PluginConfig, load_config
+from plugin.discovery.model import Discovery
+from plugin.events import DirWatcher
+from plugin.health import HealthWatcher
+from plugin.kubelet import Endpoint
+from plugin.launch import LaunchSpec
+from plugin.metrics import Metrics, serve_http
+
+logger = logging.getLogger(__name__)
+
+
+class _StopSignalError(Exception):
+    """Raised into the task group by a stop signal, to cancel every task."""
+
+
+async def run(spec: LaunchSpec, config: PluginConfig, discovery: Discovery) -> int:
+    """Serve until SIGTERM, SIGINT or SIGHUP (0), or until a task crashes (1); a metrics
+    address that cannot be bound is a bad flag (2)."""
+    metrics = Metrics()
+    endpoints = {
+        p.name: Endpoint(p, spec.dev_root, spec.device_plugin_dir, metrics) for p in config.pools
+    }
+
+    async def publish(views: Sequence[policy.PoolView]) -> None:
+        for view in views:
+            await endpoints[view.pool.name].update(view)
+
+    def wake_endpoints(name: str) -> None:
+        logger.debug("device-plugins dir: %s changed", name)
+        for e in endpoints.values():
+            e.wake()
+
+    health = HealthWatcher(discovery, config, metrics, spec.rescan_interval, publish)
+    await health.rescan()  # the first views, before any socket is served
+    http = None
+    if spec.metrics_port is not None:
+        try:
+            http = await serve_http(
+                spec.metrics_host,
+                spec.metrics_port,
+                metrics,
+                lambda: all(e.serving for e in endpoints.values()),
+            )
+        except (OSError, ValueError) as exc:
+            print(
+                f"rdma-device-plugin: --metrics-address {spec.metrics_address}: {exc}: "
+                "use a free HOST:PORT, or an empty value to disable",
+                file=sys.stderr,
+            )
+            return 2
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # SIGHUP stops like SIGTERM (socket removed, exit 0): a config change takes a restart, which
+    # the DaemonSet's config-hash annotation rolls; a hangup never kills the plugin outright.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop.set)
+    code = 0
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            for e in endpoints.values():
+                tasks.create_task(e.run(), name=f"endpoint {e.path.name}")
+            tasks.create_task(health.run(), name="health")
+            tasks.create_task(
+                watch_config(spec.config_path, config, explicit=spec.config is not None),
+                name="config watcher",
+            )
+            tasks.create_task(
+                DirWatcher(spec.device_plugin_dir, wake_endpoints).run(), name="dir watcher"
+            )
+            await stop.wait()
+            raise _StopSignalError
+    except* _StopSignalError:
+        pass
+    except* Exception as crashed:
+        for exc in crashed.exceptions:
+            logger.error("a task crashed", exc_info=exc)
+        code = 1
+    logger.info("stopping")
+    for e in endpoints.values():
+        await e.stop()
+    if http is not None:
+        http.close()
+        await http.wait_closed()
+    return code
+
+
+async def watch_config(
+    path: Path, running: PluginConfig, *, explicit: bool, every: float = 2.0
+) -> None:
+    """A config that changes on disk is not applied live: say so once per change, so that an
+    edit nobody restarted for does not go unnoticed (the DaemonSet rolls on a ConfigMap change)."""
+    said: PluginConfig | str | None = None
+    while True:
+        await asyncio.sleep(every)
+        try:
+            on_disk: PluginConfig | str = load_config(path, explicit=explicit)
+        except ConfigError as exc:
+            on_disk = str(exc)
+        if on_disk != running and on_disk != said:
+            if isinstance(on_disk, str):
+                logger.warning(
+                    "config on disk changed and is invalid (%s): still running the one loaded "
+                    "at start",
+                    on_disk,
+                )
+            else:
+                logger.warning(
+                    "config %s changed on disk: restart the plugin to apply it (running the "
+                    "one loaded at start)",
+                    path,
+                )
+        said = on_disk
