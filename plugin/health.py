@@ -130,7 +130,7 @@ class HealthWatcher:
         )
         for view in views:  # shared IDs all carry the same reason: report each reason once
             reasons = dict.fromkeys(d.reason for d in view.devices if d.reason)
-            problems += [f"{view.pool.resource_name}: {r}" for r in reasons]
+            problems += [f"{view.pool.resource_name}: {r}" for r in (*reasons, *view.skipped)]
             if not view.hcas:
                 problems.append(f"{view.pool.resource_name}: {_why_empty(inventory)}")
         if self.config.non_host_network:

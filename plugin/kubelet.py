@@ -24,7 +24,7 @@ MAX_UNIX_PATH = 107
 # A fresh subchannel per channel: grpc-python otherwise shares subchannels between channels to
 # the same address, and one that failed while the kubelet restarted answers from its reconnect
 # backoff (seconds) instead of dialing the new kubelet.sock.
-_CHANNEL_OPTIONS = [("grpc.default_authority", "localhost"), ("grpc.use_local_subchannel_pool", 1)]
+CHANNEL_OPTIONS = [("grpc.default_authority", "localhost"), ("grpc.use_local_subchannel_pool", 1)]
 _BACKOFF_START, _BACKOFF_MAX = 0.1, 5.0
 # Register is synchronous in the kubelet: it dials us back (up to 10 s) before answering.
 _REGISTER_TIMEOUT = 15.0
@@ -137,7 +137,7 @@ class Endpoint:
             options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
         )
         async with grpc.aio.insecure_channel(
-            f"unix://{self.kubelet}", options=_CHANNEL_OPTIONS
+            f"unix://{self.kubelet}", options=CHANNEL_OPTIONS
         ) as channel:
             call = asyncio.ensure_future(
                 api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=_REGISTER_TIMEOUT)
@@ -189,7 +189,7 @@ class Endpoint:
         await server.start()
         self._server, self._inode = server, _inode(self.path)
         self._registered_with = None  # the kubelet must dial the new socket
-        async with grpc.aio.insecure_channel(f"unix://{self.path}", options=_CHANNEL_OPTIONS) as ch:
+        async with grpc.aio.insecure_channel(f"unix://{self.path}", options=CHANNEL_OPTIONS) as ch:
             await api_pb2_grpc.DevicePluginStub(ch).GetDevicePluginOptions(
                 api_pb2.Empty(), timeout=5
             )

@@ -56,6 +56,8 @@ class PoolView:
     hcas: tuple[Hca, ...]
     devices: tuple[Device, ...]
     rdma_cm: bool
+    # Why an HCA the pool selected gives it no device ID (reported, never silently dropped).
+    skipped: tuple[str, ...] = ()
 
     @cached_property
     def by_id(self) -> dict[str, Device]:
@@ -109,8 +111,16 @@ def assign(config: PluginConfig, inventory: Inventory) -> tuple[list[PoolView], 
 
 
 def build_view(pool: Pool, hcas: tuple[Hca, ...], rdma_cm: bool) -> PoolView:
+    skipped: tuple[str, ...] = ()
     if pool.mode == "exclusive":
         devices = tuple(_device(h.name, (h,)) for h in hcas if len(h.name) <= MAX_ID_LENGTH)
+        skipped = tuple(
+            f"{h.name}: its name is {len(h.name)} characters, over the {MAX_ID_LENGTH} of a "
+            "device ID: this exclusive pool cannot offer it; rename it "
+            "(rdma dev set <dev> name <shorter>)"
+            for h in hcas
+            if len(h.name) > MAX_ID_LENGTH
+        )
     elif hcas:
         template = _device("", hcas)
         devices = tuple(
@@ -125,7 +135,7 @@ def build_view(pool: Pool, hcas: tuple[Hca, ...], rdma_cm: bool) -> PoolView:
         )
     else:  # no RDMA device (yet): register with zero devices, pick them up when they appear
         devices = ()
-    return PoolView(pool=pool, hcas=hcas, devices=devices, rdma_cm=rdma_cm)
+    return PoolView(pool=pool, hcas=hcas, devices=devices, rdma_cm=rdma_cm, skipped=skipped)
 
 
 def _device(device_id: str, hcas: tuple[Hca, ...]) -> Device:

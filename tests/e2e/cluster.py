@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 from tests.e2e import oci
 from tests.e2e.kube import Api
 from tests.e2e.procs import Proc, eventually, run
+from tests.plugin.plugin_process import free_port
 
 NODE = "ljr-e2e"
 RUN_PREFIX = "lje"  # /tmp/lje…: one dir per run
@@ -45,12 +45,6 @@ KERNEL_TUNABLES = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops
 CNI_BIN = Path("/usr/lib/cni")
 CNI_BRIDGE = "ljr-cni0"
 POD_SUBNET = "10.244.77.0/24"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

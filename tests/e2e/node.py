@@ -9,9 +9,9 @@ import urllib.request
 from pathlib import Path
 
 from plugin.launch import LaunchSpec
-from tests.e2e.cluster import DEVICE_PLUGIN_DIR, free_port
+from tests.e2e.cluster import DEVICE_PLUGIN_DIR
 from tests.e2e.procs import Proc, eventually
-from tests.plugin.plugin_process import plugin_argv
+from tests.plugin.plugin_process import free_port, plugin_argv
 from tests.plugin.sysfs_tree import SysfsTree, two_mlx5
 
 REPO = Path(__file__).resolve().parents[2]

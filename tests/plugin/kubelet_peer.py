@@ -15,9 +15,10 @@ from pathlib import Path
 import grpc
 
 from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from plugin.kubelet import CHANNEL_OPTIONS
 
-# like the Go kubelet: no subchannel shared between channels (see plugin/kubelet.py)
-OPTIONS = [("grpc.default_authority", "localhost"), ("grpc.use_local_subchannel_pool", 1)]
+# like the Go kubelet: no subchannel shared between channels
+OPTIONS = CHANNEL_OPTIONS
 
 
 @dataclass
@@ -122,6 +123,10 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
     def devices(self, resource: str = "rdma/hca") -> list[api_pb2.Device]:
         reg = self.current(resource)
         return reg.updates[-1][1] if reg is not None and reg.updates else []
+
+    def health(self, resource: str = "rdma/hca") -> dict[str, str]:
+        """Device ID -> Healthy/Unhealthy, as the last ListAndWatch update said."""
+        return {d.ID: d.health for d in self.devices(resource)}
 
     async def wait_for(self, predicate: Callable[[], bool], limit: float = 10.0) -> None:
         async with self._changed:

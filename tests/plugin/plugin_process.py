@@ -78,6 +78,18 @@ class PluginProcess:
             self.proc.send_signal(sig)
         return await asyncio.wait_for(self.proc.wait(), 10)
 
+    async def close(self) -> None:
+        """Fixture teardown: stop it if running (killed after 5 s), then print its log, which
+        pytest shows only when the test failed."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 5)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        print(self.output())
+
     def running(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
 

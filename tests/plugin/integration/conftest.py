@@ -22,7 +22,4 @@ async def plugin(
 ) -> AsyncIterator[PluginProcess]:
     proc = PluginProcess(short_tmp, plugin_dir, sysfs=tree.sys, dev=tree.dev)
     yield proc
-    if proc.proc is not None and proc.proc.returncode is None:
-        proc.proc.kill()
-        await proc.proc.wait()
-    print(proc.output())  # captured: pytest shows it only when the test fails
+    await proc.close()

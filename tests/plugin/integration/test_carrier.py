@@ -31,14 +31,7 @@ async def plugin_in_netns(
 ) -> AsyncIterator[PluginProcess]:
     proc = PluginProcess(short_tmp, plugin_dir, sysfs=tree.sys, dev=tree.dev, netns=netns)
     yield proc
-    if proc.proc is not None and proc.proc.returncode is None:
-        proc.proc.kill()
-        await proc.proc.wait()
-    print(proc.output())
-
-
-def health(kubelet: KubeletPeer) -> set[str]:
-    return {d.health for d in kubelet.devices()}
+    await proc.close()
 
 
 async def test_carrier_loss_makes_ids_unhealthy_before_sysfs_says_so(
@@ -47,14 +40,14 @@ async def test_carrier_loss_makes_ids_unhealthy_before_sysfs_says_so(
     # No periodic scan in the way: every change below comes from a link message.
     await plugin_in_netns.start(None, "--rescan-interval", "600")
     await kubelet.wait_registrations(1)
-    assert health(kubelet) == {"Healthy"}
+    assert set(kubelet.health().values()) == {"Healthy"}
 
     ip("-n", netns, "link", "set", "eth0", "down")  # eth0 down, eth1 loses its carrier
-    await kubelet.wait_for(lambda: health(kubelet) == {"Unhealthy"})
+    await kubelet.wait_for(lambda: set(kubelet.health().values()) == {"Unhealthy"})
     assert tree.port_dir("mlx5_0").joinpath("state").read_text().strip().endswith("ACTIVE"), (
         "the fixture still says ACTIVE: the plugin went by the link message"
     )
 
     ip("-n", netns, "link", "set", "eth0", "up")  # carrier back: the scan it triggers heals
-    await kubelet.wait_for(lambda: health(kubelet) == {"Healthy"})
+    await kubelet.wait_for(lambda: set(kubelet.health().values()) == {"Healthy"})
     assert len(kubelet.devices()) == 1000

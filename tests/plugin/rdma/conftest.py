@@ -36,9 +36,7 @@ async def plugin(short_tmp: Path, plugin_dir: Path) -> AsyncIterator[PluginProce
     """`python -m plugin --discovery verbs` on the guest's real /sys and /dev."""
     proc = PluginProcess(short_tmp, plugin_dir, sysfs=SYS, dev=DEV, discovery="verbs")
     yield proc
-    if proc.running():
-        await proc.terminate()
-    print(proc.output())  # captured: pytest shows it only when the test fails
+    await proc.close()
 
 
 async def registered(

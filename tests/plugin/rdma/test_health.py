@@ -24,10 +24,6 @@ RESOURCE = "rdma/rxe"
 FLIPS = 20
 
 
-def health(kubelet: KubeletPeer) -> dict[str, str]:
-    return {d.ID: d.health for d in kubelet.devices(RESOURCE)}
-
-
 @pytest.fixture
 def restore_rxe0() -> Iterator[None]:
     """Whatever a test did to rxe0 and its netdev, the next test finds them as init left them."""
@@ -44,7 +40,7 @@ async def wait(
         await kubelet.wait_for(predicate, limit)
     except TimeoutError:
         raise AssertionError(
-            f"{what}: not seen within {limit} s; devices {health(kubelet)}"
+            f"{what}: not seen within {limit} s; devices {kubelet.health(RESOURCE)}"
         ) from None
 
 
@@ -55,33 +51,39 @@ async def test_link_and_rdma_link_changes_reach_the_stream_without_a_restart(
     # No periodic re-scan within the test: every change must arrive as a kernel event
     # (rtnetlink for the link, a uevent for the rdma link).
     await registered(kubelet, plugin, RESOURCE, EXCLUSIVE_RXE, rescan_interval=600.0)
-    assert health(kubelet) == {"rxe0": "Healthy", "rxe1": "Healthy"}
+    assert kubelet.health(RESOURCE) == {"rxe0": "Healthy", "rxe1": "Healthy"}
 
     run("ip", "link", "set", RXE0.netdev, "down")
-    await wait(kubelet, "rxe0 Unhealthy", lambda: health(kubelet).get("rxe0") == "Unhealthy")
-    first = dict(health(kubelet))
+    await wait(
+        kubelet, "rxe0 Unhealthy", lambda: kubelet.health(RESOURCE).get("rxe0") == "Unhealthy"
+    )
+    first = dict(kubelet.health(RESOURCE))
     # its veth peer loses carrier with it: rxe1 follows, from its own link message
-    await wait(kubelet, "rxe1 Unhealthy", lambda: health(kubelet).get("rxe1") == "Unhealthy")
+    await wait(
+        kubelet, "rxe1 Unhealthy", lambda: kubelet.health(RESOURCE).get("rxe1") == "Unhealthy"
+    )
     FIGURES.append(
         f"health: {RXE0.netdev} down -> first update {first}, then rxe1 Unhealthy too "
         f"({RXE1.netdev} lost carrier)"
     )
     run("ip", "link", "set", RXE0.netdev, "up")
-    await wait(kubelet, "both Healthy", lambda: set(health(kubelet).values()) == {"Healthy"})
+    await wait(
+        kubelet, "both Healthy", lambda: set(kubelet.health(RESOURCE).values()) == {"Healthy"}
+    )
 
     t0 = time.monotonic()
     run("rdma", "link", "delete", RXE0.ibdev)
-    await wait(kubelet, "rxe0 gone", lambda: "rxe0" not in health(kubelet))
+    await wait(kubelet, "rxe0 gone", lambda: "rxe0" not in kubelet.health(RESOURCE))
     gone = time.monotonic() - t0
     run("rdma", "link", "add", RXE0.ibdev, "type", "rxe", "netdev", RXE0.netdev)
-    await wait(kubelet, "rxe0 back", lambda: health(kubelet).get("rxe0") == "Healthy")
+    await wait(kubelet, "rxe0 back", lambda: kubelet.health(RESOURCE).get("rxe0") == "Healthy")
     back = time.monotonic() - t0 - gone
     FIGURES.append(
         f"health: rdma link delete -> gone in {gone:.2f} s, add -> back in {back:.2f} s, "
         "on uevents (--rescan-interval 600)"
     )
 
-    assert health(kubelet) == {"rxe0": "Healthy", "rxe1": "Healthy"}
+    assert kubelet.health(RESOURCE) == {"rxe0": "Healthy", "rxe1": "Healthy"}
     assert plugin.running(), "the same plugin process saw it all"
     assert len(kubelet.registrations) == 1, "one stream carried every change"
 

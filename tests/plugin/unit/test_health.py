@@ -6,15 +6,20 @@ not serving."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import struct
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+
+import pytest
 
 from plugin.config import PluginConfig, Pool
 from plugin.discovery.model import CharDevices, Hca, Inventory, Port
 from plugin.health import HealthWatcher
 from plugin.kubelet import Endpoint
 from plugin.metrics import Metrics
+from plugin.pool import PoolView
 
 RTM_NEWLINK, IFF_UP, IFF_LOWER_UP = 16, 0x1, 0x10000
 
@@ -76,8 +81,7 @@ def health(endpoint: Endpoint) -> set[bool]:
 def watched(discovery: HeldDiscovery, metrics: Metrics) -> tuple[HealthWatcher, Endpoint]:
     endpoint = Endpoint(Pool(name="hca"), Path("/dev"), Path("/nonexistent"), metrics)
 
-    async def publish(views: object) -> None:
-        assert isinstance(views, list)
+    async def publish(views: Sequence[PoolView]) -> None:
         (view,) = views
         await endpoint.update(view)
 
@@ -117,3 +121,23 @@ async def test_a_repeated_loss_keeps_the_netdev_held() -> None:
         watcher.on_link_message(link_message("eth1", carrier=False))
     await watcher.rescan()
     assert health(endpoint) == {False}
+
+
+async def test_an_hca_no_pool_can_offer_is_a_problem_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    discovery = HeldDiscovery()
+    long_hca = dataclasses.replace(discovery.inventory.hcas[0], name="mlx5_" + "x" * 60)
+    discovery.inventory = dataclasses.replace(discovery.inventory, hcas=(long_hca,))
+    metrics = Metrics()
+    views: list[PoolView] = []
+
+    async def publish(published: Sequence[PoolView]) -> None:
+        views.extend(published)
+
+    config = PluginConfig(pools=(Pool(name="hca", mode="exclusive"),))
+    await HealthWatcher(discovery, config, metrics, 600, publish).rescan()
+
+    assert views[0].devices == ()
+    assert "rdma_plugin_problems 1.0" in metrics.render().decode()
+    assert "over the 63 of a device ID" in caplog.text

@@ -244,7 +244,10 @@ def test_list_and_watch_encoding_holds_for_an_id_longer_than_127_bytes() -> None
     assert [n.ID for n in device.topology.nodes] == [1]
 
 
-def test_the_pool_leaves_out_an_hca_whose_name_is_too_long_for_an_id() -> None:
-    v = view("exclusive", [hca("mlx5_" + "x" * 60, 1), hca("mlx5_1", 0)])
+def test_the_pool_leaves_out_an_hca_whose_name_is_too_long_for_an_id_and_says_why() -> None:
+    long_name = "mlx5_" + "x" * 60
+    v = view("exclusive", [hca(long_name, 1), hca("mlx5_1", 0)])
 
     assert [d.id for d in v.devices] == ["mlx5_1"]
+    (why,) = v.skipped
+    assert why.startswith(f"{long_name}: its name is 65 characters, over the 63 of a device ID")
