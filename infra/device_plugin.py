@@ -82,11 +82,11 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
             automount_service_account_token=False,
             opts=in_ns,
         )
-        config_yaml = args.plugin_config.to_yaml()
+        config_text = args.plugin_config.to_file()
         config_map = k8s.core.v1.ConfigMap(
             f"{name}-config",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=name, namespace=args.namespace, labels=labels),
-            data={args.launch.config_path.name: config_yaml},
+            data={args.launch.config_path.name: config_text},
             opts=in_ns,
         )
         daemonset = k8s.apps.v1.DaemonSet(
@@ -98,7 +98,7 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
                 image=self.image,
                 service_account=account.metadata.name,
                 config_map=config_map.metadata.name,
-                config_sha256=hashlib.sha256(config_yaml.encode()).hexdigest(),
+                config_sha256=hashlib.sha256(config_text.encode()).hexdigest(),
                 pull_secrets=pull_secrets,
             ),
             # The provider awaits the rollout on every node, 10 minutes unless told otherwise.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
         {"nonHostNetwork": True, "pools": [{"name": "x", "mode": "exclusive"}]}, "t"
     )
 
-    assert parse_config(yaml.safe_load(config.to_yaml()), "t") == config
+    assert parse_config(yaml.safe_load(config.to_file()), "t") == config
 
 
 @pytest.mark.parametrize(
@@ -113,9 +114,9 @@ def test_a_pool_built_in_code_is_checked_like_one_read_from_a_file() -> None:
 
 def test_the_rendered_file_keeps_its_layout() -> None:
     """The DaemonSet's config hash is taken over this text: a new spelling would roll every node."""
-    text = PluginConfig(pools=(Pool(name="hca"), Pool(name="x", mode="exclusive"))).to_yaml()
+    text = PluginConfig(pools=(Pool(name="hca"), Pool(name="x", mode="exclusive"))).to_file()
 
-    assert yaml.safe_load(text) == {
+    assert json.loads(text) == {
         "version": "v1",
         "nonHostNetwork": False,
         "pools": [
@@ -127,6 +128,24 @@ def test_the_rendered_file_keeps_its_layout() -> None:
                           "netdevs": [], "linkLayers": []}},
         ],
     }  # fmt: skip
+
+
+def test_the_rendered_file_and_the_same_config_in_yaml_read_the_same(tmp_path: Path) -> None:
+    config = PluginConfig(non_host_network=True, pools=(Pool(name="x", mode="exclusive"),))
+    rendered, hand_written = tmp_path / "rendered.yaml", tmp_path / "hand.yaml"
+    rendered.write_text(config.to_file())
+    hand_written.write_text(yaml.safe_dump(json.loads(config.to_file())))
+
+    assert load_config(rendered, explicit=True) == load_config(hand_written, explicit=True)
+    assert load_config(rendered, explicit=True) == config
+
+
+def test_yaml_flow_style_that_is_not_json_is_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("{pools: [{name: a, mode: exclusive}]}\n")
+
+    (pool,) = load_config(path, explicit=True).pools
+    assert (pool.name, pool.mode) == ("a", "exclusive")
 
 
 def test_invalid_yaml_is_reported(tmp_path: Path) -> None:
