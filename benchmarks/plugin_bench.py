@@ -24,11 +24,11 @@ import grpc
 
 from plugin import pool as policy
 from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from plugin.config import Pool
+from plugin.config import PluginConfig, Pool
 from plugin.discovery.model import CharDevices, Hca, Port
-from plugin.kubelet import socket_name
+from plugin.kubelet import CHANNEL_OPTIONS, socket_name
 from plugin.wire import list_and_watch_response
-from tests.plugin.kubelet_peer import OPTIONS, KubeletPeer
+from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.plugin_process import PluginProcess
 from tests.plugin.sysfs_tree import two_mlx5
 from tests.plugin.veth_netns import ip, veth_netns
@@ -149,13 +149,15 @@ class Bench:
         self.mark(restarts)
 
     async def start_plugin(self) -> tuple[PluginProcess, float]:
-        """Start -> first ListAndWatch at the peer; at info, the DaemonSet's log level."""
+        """Start -> first ListAndWatch at the peer; at info, the DaemonSet's log level, with
+        the config file as the DaemonSet's ConfigMap holds it."""
         plugin = PluginProcess(
             self.tmp, self.dir, sysfs=self.tree.sys, dev=self.tree.dev, log_level="info"
         )
+        config = plugin.write_config(PluginConfig().to_file())
         before = len(self.peer.registrations)
         t0 = time.perf_counter()
-        await plugin.start()
+        await plugin.start(config)
         await self.peer.wait_registrations(before + 1)
         return plugin, time.perf_counter() - t0
 
@@ -332,14 +334,16 @@ class Bench:
         samples = [(0, status_kib(pid, "VmRSS"))]
         restarts = Restarts()
         flips = unseen = allocates = failed = 0
-        channel = grpc.aio.insecure_channel(f"unix://{self.sock}", options=OPTIONS)
+        channel = grpc.aio.insecure_channel(f"unix://{self.sock}", options=CHANNEL_OPTIONS)
         try:
             for op in range(1, ops + 1):
                 if op % SOAK_RESTART_EVERY == 0:
                     await self.restart(restarts)
                     # the plugin serves a new socket: a new channel, not one in reconnect backoff
                     await channel.close()
-                    channel = grpc.aio.insecure_channel(f"unix://{self.sock}", options=OPTIONS)
+                    channel = grpc.aio.insecure_channel(
+                        f"unix://{self.sock}", options=CHANNEL_OPTIONS
+                    )
                 elif op % SOAK_FLIP_EVERY == 0:
                     flips += 1
                     unseen += not await self.flip_ports()

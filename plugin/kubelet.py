@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from pathlib import Path
 
 import grpc
@@ -126,10 +127,11 @@ class Endpoint:
             await self._wake.wait()
 
     async def _register_unless_moot(self, target: int | None) -> bool:
-        """One Register call; False when it was abandoned because, while it was in flight, our
-        socket went away or kubelet.sock was re-created: a kubelet that starts deletes the
-        sockets in its dir, and it would dial the deleted one until its 10 s timeout while we
-        waited for the answer instead of serving again."""
+        """One Register, sent only to the kubelet.sock we looked at (`target`) before we saw our
+        socket served; False when abandoned, before it was sent or while it was in flight,
+        because our socket went away or kubelet.sock was re-created. A starting kubelet deletes
+        the sockets in its dir before it listens: one whose kubelet.sock is newer than `target`
+        has deleted ours, and a Register sent to it would wait for its 10 s dial to fail."""
         request = api_pb2.RegisterRequest(
             version=API_VERSION,
             endpoint=self.path.name,
@@ -139,27 +141,46 @@ class Endpoint:
         async with grpc.aio.insecure_channel(
             f"unix://{self.kubelet}", options=CHANNEL_OPTIONS
         ) as channel:
-            call = asyncio.ensure_future(
-                api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=_REGISTER_TIMEOUT)
+            ready = asyncio.wait_for(channel.channel_ready(), _REGISTER_TIMEOUT)
+            # connected, and to `target` only if it is still the file there
+            if not await self._unless_moot(ready, target) or self._moot(target):
+                return False
+            call = api_pb2_grpc.RegistrationStub(channel).Register(
+                request, timeout=_REGISTER_TIMEOUT
             )
-            try:
-                while not call.done():
-                    self._wake.clear()
-                    woken = asyncio.ensure_future(self._wake.wait())
-                    await asyncio.wait({call, woken}, return_when=asyncio.FIRST_COMPLETED)
-                    woken.cancel()
-                    if not call.done() and (not self.serving or _inode(self.kubelet) != target):
-                        logger.info(
-                            "%s: %s changed while Register was in flight: starting over",
-                            self.resource,
-                            self.path.name if not self.serving else KUBELET_SOCKET,
-                        )
-                        return False
-                call.result()
-            finally:
-                call.cancel()
+            if not await self._unless_moot(call, target):
+                return False
         self._wake.set()  # whatever woke us while the call ran: the run loop looks again
         return True
+
+    def _moot(self, target: int | None) -> bool:
+        """Our socket is gone or kubelet.sock is no longer `target`: a registration must start
+        over."""
+        if self.serving and _inode(self.kubelet) == target:
+            return False
+        logger.info(
+            "%s: %s changed while registering: starting over",
+            self.resource,
+            self.path.name if not self.serving else KUBELET_SOCKET,
+        )
+        return True
+
+    async def _unless_moot(self, work: Awaitable[object], target: int | None) -> bool:
+        """Await `work`; False (and `work` cancelled) if, woken meanwhile, the registration
+        turned moot. Raises what `work` raises."""
+        task = asyncio.ensure_future(work)
+        try:
+            while not task.done():
+                self._wake.clear()
+                woken = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait({task, woken}, return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+                if not task.done() and self._moot(target):
+                    return False
+            task.result()
+            return True
+        finally:
+            task.cancel()
 
     async def _sleep_unless_woken(self, seconds: float) -> bool:
         """True when woken before `seconds` passed."""
@@ -199,22 +220,29 @@ class Endpoint:
         """Register, retrying with backoff; False when woken to start over."""
         backoff = _BACKOFF_START
         kubelet = self.kubelet
-        while self.serving:  # a kubelet starting up may delete our socket at any point
+        while True:
+            # kubelet.sock looked at before our socket is: see _register_unless_moot
+            target = _inode(kubelet)
+            if not self.serving:  # a kubelet starting up may delete our socket at any point
+                return False
             self._generation += 1
             self._stream_lost = False
             self._registered_with = None
-            target = _inode(kubelet)
             try:
                 if not await self._register_unless_moot(target):
                     return False
-            except grpc.aio.AioRpcError as exc:
+            except (grpc.aio.AioRpcError, TimeoutError) as exc:
                 self.metrics.registrations.labels(self.resource, "error").inc()
+                why = (
+                    f"{exc.code().name}: {exc.details()}"
+                    if isinstance(exc, grpc.aio.AioRpcError)
+                    else f"no connection within {_REGISTER_TIMEOUT:.0f}s"
+                )
                 logger.warning(
-                    "%s: cannot register with %s (%s: %s); retrying in %.1fs",
+                    "%s: cannot register with %s (%s); retrying in %.1fs",
                     self.resource,
                     kubelet,
-                    exc.code().name,
-                    exc.details(),
+                    why,
                     backoff,
                 )
             else:
@@ -225,7 +253,6 @@ class Endpoint:
             if await self._sleep_unless_woken(backoff):
                 return False
             backoff = min(backoff * 2, _BACKOFF_MAX)
-        return False
 
 
 def _inode(path: Path) -> int | None:
