@@ -254,7 +254,7 @@ class Bench:
                 netns=netns,
             )
             before = len(self.peer.registrations)
-            await plugin.start(None, "--rescan-interval", "600")
+            await plugin.start(rescan_interval=600)
             try:
                 await self.peer.wait_registrations(before + 1)
                 samples: list[float] = []

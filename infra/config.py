@@ -27,7 +27,7 @@ from plugin.config import (
     check_resource_name,
     parse_pool,
 )
-from plugin.launch import LaunchSpec
+from plugin.launch import LaunchError, LaunchSpec
 
 PROJECT = "lingjun-rdma"
 PROJECT_DIR = Path(__file__).resolve().parent.parent  # Pulumi.yaml, stacks/
@@ -527,15 +527,15 @@ def _plugin_launch(k: _Keys) -> tuple[LaunchSpec | None, list[str]]:
     """The DaemonSet's flags; the plugin's LaunchSpec decides what is legal."""
     try:
         spec = LaunchSpec(config=DEFAULT_CONFIG_PATH, rescan_interval=k.rdma_rescan_interval)
-    except ValueError as exc:
-        why = str(exc).partition(": ")[2]
+    except LaunchError as exc:
         key = "rdmaRescanInterval"
-        return None, [f"{_key(key)}: {why} {_set(key, f'{LaunchSpec().rescan_interval:g}')}"]
+        return None, [f"{_key(key)}: {exc.why} {_set(key, f'{LaunchSpec().rescan_interval:g}')}"]
     return spec, []
 
 
 def _pool_problem(problem: Problem) -> str:
-    msg, loc = problem.message, problem.loc
+    # the stack's own fix (a pulumi config command) replaces the plugin file's generic one
+    msg, loc = problem.message.removesuffix(": fix this value"), problem.loc
     if loc:
         key = _POOL_KEYS.get(str(loc[0]), "rdmaResourceName")
     else:  # the pool as a whole: say which key by what the plugin says

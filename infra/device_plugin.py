@@ -227,7 +227,10 @@ def _daemonset_spec(
     pull_secrets: list[k8s.core.v1.LocalObjectReferenceArgs],
 ) -> k8s.apps.v1.DaemonSetSpecArgs:
     if launch.metrics_port is None:
-        raise ValueError("the DaemonSet's probes need the plugin's metrics address")
+        raise ValueError(
+            "plugin launch: metrics_address is empty, but the DaemonSet's probes read /healthz "
+            "there: give the LaunchSpec a HOST:PORT"
+        )
     container = k8s.core.v1.ContainerArgs(
         name="plugin",
         image=image,

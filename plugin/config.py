@@ -1,16 +1,16 @@
 """Versioned plugin config: the one contract shared by the plugin and infra/ (ConfigMap, flags).
 
-Plain dataclasses and a hand-written reader, not pydantic: the plugin starts on every node and
-pydantic's import and model building cost it ~130 ms and ~8 MiB (`make bench`, P4)."""
+Plain dataclasses and a reader of its own: the plugin starts on every node, and a validation
+library's import and model building would be a third of its start."""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal, TypeVar, cast, get_args
+from typing import Any, Literal, TypeVar, cast, get_args
 
 # Paths and ports the DaemonSet and the CLI must agree on.
 DEFAULT_CONFIG_PATH = Path("/etc/lingjun-rdma/plugin.yaml")
@@ -48,9 +48,12 @@ class ConfigError(ValueError):
     """A config that the plugin (or infra/) must refuse; the message names the field and the fix.
     `problems` holds each one with its location when the config was read field by field."""
 
-    def __init__(self, message: str, problems: tuple[Problem, ...] = ()) -> None:
+    def __init__(
+        self, message: str, problems: tuple[Problem, ...] = (), *, field: str | None = None
+    ) -> None:
         super().__init__(message)
         self.problems = problems
+        self.field = field  # the key (camelCase) it concerns, when one does
 
 
 def shared_device_id(pool_name: str, index: int) -> str:
@@ -106,14 +109,16 @@ class Pool:
         check_resource_name(self.resource_name, field="name/prefix")
         if not 1 <= self.max_allocations <= MAX_ALLOCATIONS_LIMIT:
             raise ConfigError(
-                f"maxAllocations {self.max_allocations} is not within 1-{MAX_ALLOCATIONS_LIMIT}"
+                f"{self.max_allocations} is not within 1-{MAX_ALLOCATIONS_LIMIT}",
+                field="maxAllocations",
             )
         if self.mode == "shared":
             longest = len(shared_device_id(self.name, self.max_allocations - 1))
             if longest > MAX_ID_LENGTH:
                 raise ConfigError(
                     f"device IDs would be {longest} characters (max {MAX_ID_LENGTH}): "
-                    "shorten the pool name"
+                    "shorten the pool name",
+                    field="name",
                 )
 
 
@@ -144,27 +149,18 @@ class PluginConfig:
     def to_file(self) -> str:
         """The file the plugin reads, with every default spelled out. JSON, which is YAML too:
         a file that starts with `{` is read without importing a YAML parser (~35 ms of start)."""
-        data = {
-            "version": self.version,
-            "nonHostNetwork": self.non_host_network,
-            "pools": [_pool_dict(p) for p in self.pools],
-        }
-        return json.dumps(data, indent=2) + "\n"
+        return json.dumps(_as_file(self), indent=2) + "\n"
 
 
-def _pool_dict(pool: Pool) -> dict[str, object]:
-    data: dict[str, object] = {"name": pool.name, "prefix": pool.prefix, "mode": pool.mode}
-    if pool.mode == "shared":  # one ID per HCA in an exclusive pool: the slot count does not apply
-        data["maxAllocations"] = pool.max_allocations
-    s = pool.selector
-    data["selector"] = {
-        "vendors": list(s.vendors),
-        "deviceIds": list(s.device_ids),
-        "drivers": list(s.drivers),
-        "ibdevs": list(s.ibdevs),
-        "netdevs": list(s.netdevs),
-        "linkLayers": list(s.link_layers),
-    }
+def _as_file(value: object) -> object:
+    """A config value as the file spells it: camelCase keys in field order, lists."""
+    if isinstance(value, tuple):
+        return [_as_file(v) for v in cast(tuple[object, ...], value)]
+    if not isinstance(value, PluginConfig | Pool | Selector):
+        return value
+    data = {_camel(f.name): _as_file(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, Pool) and value.mode == "exclusive":
+        del data["maxAllocations"]  # one ID per HCA: the slot count does not apply
     return data
 
 
@@ -217,9 +213,16 @@ def load_config(path: Path, *, explicit: bool) -> PluginConfig:
 _T = TypeVar("_T")
 
 
+def _camel(name: str) -> str:
+    """A field's key in the file: max_allocations -> maxAllocations."""
+    head, *rest = name.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
 class _Reader:
-    """Reads YAML data into the types above, field by field, collecting every problem; a part
-    with a problem reads as None (its parent then does too)."""
+    """Reads YAML data into the types above, field by field, collecting every problem. Only the
+    keys present are passed on: every default is the dataclass's. A part with a problem reads
+    as None (its parent then does too)."""
 
     def __init__(self) -> None:
         self.problems: tuple[Problem, ...] = ()
@@ -227,101 +230,102 @@ class _Reader:
     def _fail(self, loc: Loc, message: str) -> None:
         self.problems += (Problem(loc, message),)
 
-    def _mapping(self, data: object, loc: Loc, keys: tuple[str, ...]) -> dict[str, object] | None:
+    def _mapping(self, data: object, loc: Loc, cls: type) -> dict[str, object] | None:
+        """`data`'s keys as `cls`'s field names; unknown keys are problems."""
         if not isinstance(data, dict):
             self._fail(loc, f"expected a mapping, got {data!r}: fix this value")
             return None
-        mapping = cast(dict[object, object], data)
-        for key in mapping:
-            if key not in keys:
+        names = {_camel(f.name): f.name for f in fields(cls)}
+        read: dict[str, object] = {}
+        for key, value in cast(dict[object, object], data).items():
+            if isinstance(key, str) and key in names:
+                read[names[key]] = value
+            elif isinstance(key, str) and _camel(key) in names:
+                self._fail((*loc, key), f"unknown key: the file spells it {_camel(key)}")
+            else:
                 self._fail((*loc, str(key)), "unknown key: remove it or fix its spelling")
-        return {k: v for k, v in mapping.items() if isinstance(k, str)}
+        return read
 
     def _build(self, loc: Loc, make: Callable[[], _T]) -> _T | None:
+        """A checked constructor's refusal, located at the field it names."""
         try:
             return make()
         except ConfigError as exc:
             message = str(exc)
-            self._fail(loc, message if ": " in message else f"{message}: fix this value")
+            where = (*loc, exc.field) if exc.field else loc
+            self._fail(where, message if ": " in message else f"{message}: fix this value")
             return None
 
     def config(self, data: object) -> PluginConfig | None:
-        fields = self._mapping(data, (), ("version", "nonHostNetwork", "pools"))
-        if fields is None:
+        read = self._mapping(data, (), PluginConfig)
+        if read is None:
             return None
-        if fields.get("version", "v1") != "v1":
-            self._fail(("version",), f"{fields['version']!r}: the only version is v1")
-        non_host = fields.get("nonHostNetwork", False)
-        if not isinstance(non_host, bool):
-            self._fail(("nonHostNetwork",), f"{non_host!r} is not true or false: fix this value")
-        raw_pools = fields.get("pools", [{"name": "hca"}])
-        if not isinstance(raw_pools, list):
-            self._fail(("pools",), f"expected a list of pools, got {raw_pools!r}: fix this value")
-            return None
-        pools = [self.pool(p, ("pools", i)) for i, p in enumerate(cast(list[object], raw_pools))]
+        kwargs: dict[str, Any] = {}
+        if "version" in read:
+            kwargs["version"] = self._choice(read["version"], ("version",), ("v1",))
+        if "non_host_network" in read:
+            kwargs["non_host_network"] = self._bool(read["non_host_network"], ("nonHostNetwork",))
+        if "pools" in read:
+            raw = read["pools"]
+            if isinstance(raw, list):
+                items = cast(list[object], raw)
+                kwargs["pools"] = tuple(self.pool(p, ("pools", i)) for i, p in enumerate(items))
+            else:
+                self._fail(("pools",), f"expected a list of pools, got {raw!r}: fix this value")
         if self.problems:
             return None
-        return self._build(
-            (), lambda: PluginConfig(non_host_network=bool(non_host), pools=_present(pools))
-        )
+        return self._build((), lambda: PluginConfig(**kwargs))
 
     def pool(self, data: object, loc: Loc) -> Pool | None:
-        keys = ("name", "prefix", "mode", "maxAllocations", "selector")
-        fields = self._mapping(data, loc, keys)
-        if fields is None:
+        read = self._mapping(data, loc, Pool)
+        if read is None:
             return None
         before = len(self.problems)
-        name = self._str(fields.get("name"), (*loc, "name"))
-        prefix = self._str(fields.get("prefix", "rdma"), (*loc, "prefix"))
-        mode = self._choice(fields.get("mode", "shared"), (*loc, "mode"), get_args(Mode))
-        slots = fields.get("maxAllocations", DEFAULT_MAX_ALLOCATIONS)
-        if isinstance(slots, bool) or not isinstance(slots, int):
-            self._fail((*loc, "maxAllocations"), f"{slots!r} is not a whole number: fix this value")
-        elif mode == "exclusive" and "maxAllocations" in fields:
-            self._fail(
-                (*loc, "maxAllocations"),
-                "applies to shared pools only (an exclusive pool has one ID per HCA): remove it "
-                "or set mode: shared",
-            )
-        selector = self._selector(fields.get("selector", {}), (*loc, "selector"))
-        if len(self.problems) > before or name is None or prefix is None or selector is None:
+        kwargs: dict[str, Any] = {"name": self._str(read.get("name"), (*loc, "name"))}
+        if "prefix" in read:
+            kwargs["prefix"] = self._str(read["prefix"], (*loc, "prefix"))
+        if "mode" in read:
+            kwargs["mode"] = self._choice(read["mode"], (*loc, "mode"), get_args(Mode))
+        if "max_allocations" in read:
+            where = (*loc, "maxAllocations")
+            slots = read["max_allocations"]
+            if isinstance(slots, bool) or not isinstance(slots, int):
+                self._fail(where, f"{slots!r} is not a whole number: fix this value")
+            elif kwargs.get("mode") == "exclusive":
+                self._fail(
+                    where,
+                    "applies to shared pools only (an exclusive pool has one ID per HCA): "
+                    "remove it or set mode: shared",
+                )
+            kwargs["max_allocations"] = slots
+        if "selector" in read:
+            kwargs["selector"] = self._selector(read["selector"], (*loc, "selector"))
+        if len(self.problems) > before:
             return None
-        return self._build(
-            loc,
-            lambda: Pool(
-                name=name,
-                prefix=prefix,
-                mode=cast(Mode, mode),
-                max_allocations=cast(int, slots),
-                selector=selector,
-            ),
-        )
+        return self._build(loc, lambda: Pool(**kwargs))
 
     def _selector(self, data: object, loc: Loc) -> Selector | None:
-        keys = ("vendors", "deviceIds", "drivers", "ibdevs", "netdevs", "linkLayers")
-        fields = self._mapping(data, loc, keys)
-        if fields is None:
+        read = self._mapping(data, loc, Selector)
+        if read is None:
             return None
         before = len(self.problems)
-        lists = {k: self._strs(fields.get(k, []), (*loc, k)) for k in keys}
-        layers = lists["linkLayers"] or ()
-        for i, layer in enumerate(layers):
+        kwargs = {k: self._strs(v, (*loc, _camel(k))) for k, v in read.items()}
+        for i, layer in enumerate(kwargs.get("link_layers") or ()):
             self._choice(layer, (*loc, "linkLayers", i), get_args(LinkLayer))
         if len(self.problems) > before:
             return None
-        return Selector(
-            vendors=lists["vendors"] or (),
-            device_ids=lists["deviceIds"] or (),
-            drivers=lists["drivers"] or (),
-            ibdevs=lists["ibdevs"] or (),
-            netdevs=lists["netdevs"] or (),
-            link_layers=cast(tuple[LinkLayer, ...], layers),
-        )
+        return Selector(**cast(dict[str, Any], kwargs))
 
     def _str(self, value: object, loc: Loc) -> str | None:
         if isinstance(value, str):
             return value
         self._fail(loc, "missing: set it" if value is None else f"{value!r} is not text")
+        return None
+
+    def _bool(self, value: object, loc: Loc) -> bool | None:
+        if isinstance(value, bool):
+            return value
+        self._fail(loc, f"{value!r} is not true or false: fix this value")
         return None
 
     def _strs(self, value: object, loc: Loc) -> tuple[str, ...] | None:
@@ -335,7 +339,3 @@ class _Reader:
             return value
         self._fail(loc, f"{value!r} is not one of {', '.join(choices)}: fix this value")
         return None
-
-
-def _present(items: list[_T | None]) -> tuple[_T, ...]:
-    return tuple(i for i in items if i is not None)

@@ -1,6 +1,6 @@
 """Event-driven health: re-scan on netlink link/address changes and on kernel uevents of RDMA
 devices (driver loaded, `rdma link add/delete`, hot-plug), plus a periodic backstop, and push
-every change to the servicers at once. A netdev losing carrier takes its ports down before the
+every change to the endpoints at once. A netdev losing carrier takes its ports down before the
 scan it triggers (fail fast); only a scan brings them back (recover on evidence)."""
 
 from __future__ import annotations
@@ -58,20 +58,21 @@ class HealthWatcher:
     async def run(self) -> None:
         """Scan on every relevant kernel event and every `interval`, publishing each result."""
         events = KernelEvents(self.on_link_message, self._trigger.set, self._on_overrun)
-        source = asyncio.create_task(events.run(), name="kernel events")
         try:
-            while True:
-                trigger = "event"
-                try:
-                    await asyncio.wait_for(self._trigger.wait(), timeout=self.interval)
-                except TimeoutError:
-                    trigger = "periodic"
-                self._trigger.clear()
-                self.metrics.scans.labels(trigger).inc()
-                await self.rescan()
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(events.run())
+                while True:
+                    trigger = "event"
+                    try:
+                        await asyncio.wait_for(self._trigger.wait(), timeout=self.interval)
+                    except TimeoutError:
+                        trigger = "periodic"
+                    self._trigger.clear()
+                    self.metrics.scans.labels(trigger).inc()
+                    await self.rescan()
         finally:
-            source.cancel()
-            await asyncio.gather(source, return_exceptions=True)
+            if self._fail_fast is not None:  # a publish still queued has no one to serve
+                self._fail_fast.cancel()
 
     async def rescan(self) -> None:
         """One scan, published; a failed one keeps the last views (the next trigger retries)."""
@@ -80,7 +81,7 @@ class HealthWatcher:
             inventory = await asyncio.to_thread(self.discovery.scan)
         except Exception:
             self.metrics.errors.labels(kind="scan").inc()
-            logger.exception("scan failed; keeping the previous devices")
+            logger.exception("scan failed; serving what the last good scan found, if any")
             return
         self._inventory = inventory
         self.metrics.last_scan.set(time.time())

@@ -27,7 +27,8 @@ MAX_UNIX_PATH = 107
 # backoff (seconds) instead of dialing the new kubelet.sock.
 CHANNEL_OPTIONS = [("grpc.default_authority", "localhost"), ("grpc.use_local_subchannel_pool", 1)]
 _BACKOFF_START, _BACKOFF_MAX = 0.1, 5.0
-# Register is synchronous in the kubelet: it dials us back (up to 10 s) before answering.
+# Register is synchronous in the kubelet: it dials us back (up to 10 s) before answering. The
+# connect before it gets as long: a kubelet.sock that never answers is retried with backoff.
 _REGISTER_TIMEOUT = 15.0
 
 
@@ -40,9 +41,8 @@ class Endpoint:
     only writer of all of them. It starts with no device; `update` gives it each scan."""
 
     def __init__(self, pool: Pool, dev_root: Path, plugin_dir: Path, metrics: Metrics) -> None:
-        empty = policy.PoolView(pool=pool, hcas=(), devices=(), rdma_cm=False)
+        empty = policy.build_view(pool, (), rdma_cm=False)
         self._servicer = DevicePluginServicer(empty, dev_root, metrics, streams=self)
-        self.plugin_dir = plugin_dir
         self.path = plugin_dir / socket_name(pool.resource_name)  # length checked by the CLI
         self.metrics = metrics
         self.kubelet = plugin_dir / KUBELET_SOCKET

@@ -17,6 +17,14 @@ DiscoveryKind = Literal["auto", "verbs", "sysfs"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 
+class LaunchError(ValueError):
+    """A value the plugin refuses: `field` names it, `why` says what it must be."""
+
+    def __init__(self, field: str, why: str) -> None:
+        self.field, self.why = field, why
+        super().__init__(why)
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """How one plugin process runs."""
@@ -35,13 +43,11 @@ class LaunchSpec:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.rescan_interval) and self.rescan_interval > 0):
-            raise ValueError(
-                f"--rescan-interval {self.rescan_interval}: must be a number of seconds > 0"
-            )
+            raise LaunchError("rescan_interval", "must be a number of seconds > 0")
         if self.metrics_address and self.metrics_port is None:
-            raise ValueError(
-                f"--metrics-address {self.metrics_address}: expected HOST:PORT with a port "
-                "0-65535, or an empty value to disable"
+            raise LaunchError(
+                "metrics_address",
+                "expected HOST:PORT with a port 0-65535, or an empty value to disable",
             )
 
     @property
@@ -104,7 +110,8 @@ def parse(argv: list[str] | None) -> LaunchSpec:
             choices=_CHOICES.get(f.name),
             help=_HELP.get(f.name),
         )
+    values = vars(parser.parse_args(argv))
     try:
-        return LaunchSpec(**vars(parser.parse_args(argv)))
-    except ValueError as exc:
-        parser.error(str(exc))
+        return LaunchSpec(**values)
+    except LaunchError as exc:
+        parser.error(f"{_flag(exc.field)} {values[exc.field]}: {exc.why}")

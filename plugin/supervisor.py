@@ -7,7 +7,7 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 
 from plugin import pool as policy
@@ -24,6 +24,17 @@ logger = logging.getLogger(__name__)
 
 class _StopSignalError(Exception):
     """Raised into the task group by a stop signal, to cancel every task."""
+
+
+class _TaskCrashedError(Exception):
+    """A task of the group raised; its message is the task's name, its cause what it raised."""
+
+
+async def _named(name: str, work: Coroutine[object, object, None]) -> None:
+    try:
+        await work
+    except Exception as exc:
+        raise _TaskCrashedError(name) from exc
 
 
 async def run(spec: LaunchSpec, config: PluginConfig, discovery: Discovery) -> int:
@@ -72,22 +83,24 @@ async def run(spec: LaunchSpec, config: PluginConfig, discovery: Discovery) -> i
     try:
         async with asyncio.TaskGroup() as tasks:
             for e in endpoints.values():
-                tasks.create_task(e.run(), name=f"endpoint {e.path.name}")
-            tasks.create_task(health.run(), name="health")
+                tasks.create_task(_named(f"endpoint {e.path.name}", e.run()))
+            tasks.create_task(_named("health", health.run()))
             tasks.create_task(
-                watch_config(spec.config_path, config, explicit=spec.config is not None),
-                name="config watcher",
+                _named(
+                    "config watcher",
+                    watch_config(spec.config_path, config, explicit=spec.config is not None),
+                )
             )
             tasks.create_task(
-                DirWatcher(spec.device_plugin_dir, wake_endpoints).run(), name="dir watcher"
+                _named("dir watcher", DirWatcher(spec.device_plugin_dir, wake_endpoints).run())
             )
             await stop.wait()
             raise _StopSignalError
     except* _StopSignalError:
         pass
-    except* Exception as crashed:
+    except* _TaskCrashedError as crashed:
         for exc in crashed.exceptions:
-            logger.error("a task crashed", exc_info=exc)
+            logger.error("%s crashed", exc, exc_info=exc.__cause__)
         code = 1
     logger.info("stopping")
     for e in endpoints.values():

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+import pytest
 
 from infra.config import PROJECT_DIR
 from infra.offline import Registered, RunResult, manifests, run_program
@@ -12,6 +15,17 @@ from infra.stackfiles import stack_config
 STACKS = tuple(sorted(p.name.split(".")[1] for p in (PROJECT_DIR / "stacks").glob("Pulumi.*.yaml")))
 
 _cache: dict[tuple[str, tuple[str, ...]], RunResult] = {}
+
+
+@pytest.fixture(autouse=True)
+def event_loop_for_pulumi_mocks() -> None:
+    """pulumi.runtime.test runs on the thread's current event loop, and an async test that ran
+    before (pytest-asyncio) leaves none set: then one is set (and kept: the mocks' runs share
+    the loop they started on)."""
+    try:
+        asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        asyncio.set_event_loop(asyncio.new_event_loop())
 
 
 def run(stack: str, *overrides: str) -> RunResult:

@@ -161,7 +161,7 @@ def test_max_allocations_with_exclusive_pools_is_refused() -> None:
 
 @pytest.mark.parametrize(
     ("value", "why"),
-    [("0", "maxAllocations 0 is not within 1-100000"), ("100001", "100001 is not within")],
+    [("0", ": 0 is not within 1-100000 (pulumi config set"), ("100001", "100001 is not within")],
 )
 def test_max_allocations_out_of_the_plugins_range_is_refused(value: str, why: str) -> None:
     message = _error(rdmaMaxAllocations=value)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
-from plugin.launch import LaunchSpec
+from plugin.launch import DiscoveryKind, LaunchSpec, LogLevel
 
 
 def plugin_argv(spec: LaunchSpec) -> list[str]:
@@ -33,8 +35,8 @@ class PluginProcess:
         *,
         sysfs: Path,
         dev: Path,
-        discovery: str = "sysfs",
-        log_level: str = "debug",
+        discovery: DiscoveryKind = "sysfs",
+        log_level: LogLevel = "debug",
         netns: str | None = None,
     ) -> None:
         self.root = root
@@ -48,28 +50,31 @@ class PluginProcess:
         self.log = root / "plugin.log"
         self.proc: asyncio.subprocess.Process | None = None
 
-    def argv(self, config: Path | None = None, *extra: str) -> list[str]:
-        return [
-            *(("ip", "netns", "exec", self.netns) if self.netns else ()),
-            *plugin_argv(
-                LaunchSpec(
-                    config=config,
-                    sysfs_root=self.sysfs,
-                    dev_root=self.dev,
-                    device_plugin_dir=self.plugin_dir,
-                    discovery=self.discovery,  # type: ignore[arg-type]
-                    rescan_interval=0.1,
-                    metrics_address=f"127.0.0.1:{self.metrics_port}",
-                    log_level=self.log_level,  # type: ignore[arg-type]
-                )
-            ),
-            *extra,
-        ]
+    def spec(self, config: Path | None = None, **overrides: Any) -> LaunchSpec:
+        """What every test here launches, as the launch contract says it; `overrides` are
+        LaunchSpec fields (rescan_interval=600, discovery="auto")."""
+        spec = LaunchSpec(
+            config=config,
+            sysfs_root=self.sysfs,
+            dev_root=self.dev,
+            device_plugin_dir=self.plugin_dir,
+            discovery=self.discovery,
+            rescan_interval=0.1,
+            metrics_address=f"127.0.0.1:{self.metrics_port}",
+            log_level=self.log_level,
+        )
+        return dataclasses.replace(spec, **overrides)
 
-    async def start(self, config: Path | None = None, *extra: str) -> None:
+    def argv(self, config: Path | None = None, *raw: str, **overrides: Any) -> list[str]:
+        """The command line; `raw` flags go last, as given (the CLI's own refusals are tested
+        with them)."""
+        netns = ("ip", "netns", "exec", self.netns) if self.netns else ()
+        return [*netns, *plugin_argv(self.spec(config, **overrides)), *raw]
+
+    async def start(self, config: Path | None = None, *raw: str, **overrides: Any) -> None:
         with self.log.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                *self.argv(config, *extra), stdout=log, stderr=log
+                *self.argv(config, *raw, **overrides), stdout=log, stderr=log
             )
 
     async def terminate(self, sig: int = signal.SIGTERM) -> int:

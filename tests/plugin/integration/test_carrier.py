@@ -38,7 +38,7 @@ async def test_carrier_loss_makes_ids_unhealthy_before_sysfs_says_so(
     kubelet: KubeletPeer, plugin_in_netns: PluginProcess, netns: str, tree: SysfsTree
 ) -> None:
     # No periodic scan in the way: every change below comes from a link message.
-    await plugin_in_netns.start(None, "--rescan-interval", "600")
+    await plugin_in_netns.start(rescan_interval=600)
     await kubelet.wait_registrations(1)
     assert set(kubelet.health().values()) == {"Healthy"}
 

@@ -128,7 +128,7 @@ async def test_non_host_network_without_ipv6_gids_is_reported_loudly(
 async def test_auto_discovery_falls_back_to_sysfs_without_usable_verbs(
     kubelet: KubeletPeer, plugin: PluginProcess
 ) -> None:
-    await plugin.start(None, "--discovery", "auto")  # this host has no RDMA device to open
+    await plugin.start(discovery="auto")  # this host has no RDMA device to open
 
     await kubelet.wait_registrations(1)
 

@@ -49,7 +49,7 @@ async def registered(
     """Start the plugin and wait for its registration and first device list. Generous limit:
     Python's imports alone take seconds under qemu TCG."""
     config_path = plugin.write_config(config) if config is not None else None
-    await plugin.start(config_path, "--rescan-interval", str(rescan_interval))
+    await plugin.start(config_path, rescan_interval=rescan_interval)
 
     def listed() -> bool:
         reg = kubelet.current(resource)

@@ -92,7 +92,7 @@ async def test_registers_lists_ids_and_allocate_returns_the_rxe_device_nodes(
 async def test_auto_discovery_picks_verbs_where_devices_open(
     kubelet: KubeletPeer, plugin: PluginProcess
 ) -> None:
-    await plugin.start(None, "--discovery", "auto", "--rescan-interval", "5")
+    await plugin.start(discovery="auto", rescan_interval=5)
 
     await kubelet.wait_registrations(1, limit=120)
 

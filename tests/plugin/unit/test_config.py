@@ -42,7 +42,7 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
         ),
         (
             {"pools": [{"name": "a", "maxAllocations": 0}]},
-            "pools[0]: maxAllocations 0 is not within 1-100000: fix this value",
+            "pools[0].maxAllocations: 0 is not within 1-100000: fix this value",
         ),
         ({"pools": [{"name": "a"}, {"name": "a", "prefix": "x.io"}]}, "duplicate pool name 'a'"),
         (
@@ -60,7 +60,7 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
         ({"pools": [{"name": "-a"}]}, "name '-a' must be 1-63 letters"),
         (
             {"pools": [{"name": "a" * 60}]},
-            "device IDs would be 64 characters (max 63): shorten the pool name",
+            "pools[0].name: device IDs would be 64 characters (max 63): shorten the pool name",
         ),
         (
             {"pools": [{"name": "a", "mode": "exclusive", "maxAllocations": 5}]},
@@ -76,11 +76,16 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
         ),
         ({"pools": []}, "no pool: list at least one"),
         ({"pools": [{"mode": "shared"}]}, "pools[0].name: missing: set it"),
+        (
+            {"pools": [{"name": "a", "max_allocations": 5}]},
+            "pools[0].max_allocations: unknown key: the file spells it maxAllocations",
+        ),
+        ({"pools": [{"name": "a", "maxAllocations": "10"}]}, "'10' is not a whole number"),
         ({"pools": ["hca"]}, "pools[0]: expected a mapping, got 'hca'"),
         ({"pools": {"name": "hca"}}, "pools: expected a list of pools"),
         ("pools: []", "(top level): expected a mapping"),
         ({"pools": [{"name": "a", "selector": {"ibdevs": "mlx5_*"}}]}, "expected a list of text"),
-        ({"version": "v2"}, "version: 'v2': the only version is v1"),
+        ({"version": "v2"}, "version: 'v2' is not one of v1: fix this value"),
         ({"nonHostNetwork": "sometimes"}, "nonHostNetwork: 'sometimes' is not true or false"),
     ],
 )

@@ -29,6 +29,8 @@ def test_what_is_recorded_is_what_a_prometheus_parser_reads() -> None:
         ("rdma_plugin_registrations_total", (("resource", "rdma/hca"), ("result", "ok"))): 2.0,
         ("rdma_plugin_errors_total", (("kind", 'odd "kind"\\\n'),)): 2.0,
         ("rdma_plugin_problems", ()): 3.0,
+        ("rdma_plugin_last_scan_timestamp_seconds", ()): 0.0,
+        ("rdma_plugin_pool_conflicts", ()): 0.0,
     }
 
 
@@ -40,6 +42,28 @@ def test_every_family_is_declared_with_its_type_before_any_sample() -> None:
     assert len(families) == 10
 
 
-def test_a_sample_with_the_wrong_labels_is_refused() -> None:
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [(("rdma/hca",), {}), ((), {"resource": "rdma/hca"}), (("rdma/hca",), {"health": "x"}),
+     ((), {"resource": "rdma/hca", "health": "x", "extra": "y"})],
+)  # fmt: skip
+def test_a_sample_with_the_wrong_labels_is_refused(
+    values: tuple[str, ...], named: dict[str, str]
+) -> None:
     with pytest.raises(ValueError, match="rdma_plugin_devices"):
-        Metrics().devices.labels("rdma/hca")
+        Metrics().devices.labels(*values, **named)
+
+
+def test_a_counter_only_goes_up() -> None:
+    with pytest.raises(ValueError, match="only goes up"):
+        Metrics().errors.labels("scan").inc(-1)
+
+
+def test_the_scan_gauges_exist_before_any_scan_and_the_network_one_does_not() -> None:
+    samples = _samples(Metrics())
+
+    assert samples == {
+        ("rdma_plugin_last_scan_timestamp_seconds", ()): 0.0,
+        ("rdma_plugin_pool_conflicts", ()): 0.0,
+        ("rdma_plugin_problems", ()): 0.0,
+    }
