@@ -141,7 +141,7 @@ class DirWatcher:
         offset = 0
         while offset + 16 <= len(data):
             _wd, mask, _cookie, length = struct.unpack_from("iIII", data, offset)
-            name = data[offset + 16 : offset + 16 + length].rstrip(b"\0").decode()
+            name = os.fsdecode(data[offset + 16 : offset + 16 + length].rstrip(b"\0"))
             offset += 16 + length
             if mask & (self._IN_DELETE_SELF | self._IN_MOVE_SELF | self._IN_IGNORED):
                 lost.set()
