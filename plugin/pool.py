@@ -178,13 +178,18 @@ def preferred(
 
 def allocate(view: PoolView, ids: list[str], dev_root: Path) -> Allocation:
     """Device specs for rdma_cm and each HCA's uverbs/umad(/issm) behind `ids`."""
+    return allocation(view, allocated_hcas(view, ids), dev_root)
+
+
+def allocated_hcas(view: PoolView, ids: list[str]) -> tuple[str, ...]:
+    """The HCAs behind `ids`, in the view's order; refuses an unknown or unhealthy ID."""
     if not ids:
         raise AllocationError(
             f"{view.pool.resource_name}: a container request with no device ID: nothing to "
             "allocate (the kubelet sends one ID per unit the container asks for)"
         )
     devices = view.by_id
-    hca_names: dict[str, None] = {}
+    hca_names: set[str] = set()
     for device_id in ids:
         device = devices.get(device_id)
         if device is None:
@@ -196,7 +201,13 @@ def allocate(view: PoolView, ids: list[str], dev_root: Path) -> Allocation:
             raise AllocationError(
                 f"{view.pool.resource_name}: device ID {device_id!r} is unhealthy: {device.reason}"
             )
-        hca_names.update(dict.fromkeys(device.hcas))
+        hca_names.update(device.hcas)
+    return tuple(h.name for h in view.hcas if h.name in hca_names)
+
+
+def allocation(view: PoolView, hca_names: tuple[str, ...], dev_root: Path) -> Allocation:
+    """What a container gets for these HCAs of the view (the same for every ID that names
+    them: the servicer answers from a cache keyed by them)."""
     hcas = [h for h in view.hcas if h.name in hca_names]
     names = (["rdma_cm"] if view.rdma_cm else []) + [
         n
@@ -205,10 +216,9 @@ def allocate(view: PoolView, ids: list[str], dev_root: Path) -> Allocation:
         + h.chardevs.umad
         + h.chardevs.issm
     ]
-    # str joins, not Path ones: this runs on every Allocate, and Path costs it ~3x
-    host, container = str(dev_root / "infiniband"), str(CONTAINER_DEV)
+    host = dev_root / "infiniband"
     return Allocation(
-        devices=tuple(DeviceSpec(f"{container}/{n}", f"{host}/{n}") for n in names),
+        devices=tuple(DeviceSpec(str(CONTAINER_DEV / n), str(host / n)) for n in names),
         envs={HCAS_ENV: ",".join(h.name for h in hcas)},
     )
 

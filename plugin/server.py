@@ -42,6 +42,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.streams = streams
         self.resource = view.pool.resource_name
         self._stopping = False
+        self._answers: dict[tuple[str, ...], api_pb2.ContainerAllocateResponse] = {}
         self._response = list_and_watch_response(view)
         self._changed = asyncio.Condition()
         self._version = 0
@@ -49,6 +50,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     async def update(self, view: policy.PoolView) -> None:
         unchanged = view.devices == self.view.devices
         self.view = view
+        self._answers = {}  # char devices may differ under the same device IDs
         if unchanged:
             return
         self._response = list_and_watch_response(view)
@@ -110,33 +112,37 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.AllocateResponse:
         responses: list[api_pb2.ContainerAllocateResponse] = []
         for r in request.container_requests:
+            ids = list(r.devices_ids)
             try:
-                allocation = policy.allocate(self.view, list(r.devices_ids), self.dev_root)
+                hcas = policy.allocated_hcas(self.view, ids)
             except policy.AllocationError as exc:
                 self.metrics.errors.labels(kind="allocate").inc()
                 logger.error("Allocate refused: %s", exc)
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            responses.append(
-                api_pb2.ContainerAllocateResponse(
-                    envs=allocation.envs,
-                    devices=[
-                        api_pb2.DeviceSpec(
-                            container_path=s.container_path,
-                            host_path=s.host_path,
-                            permissions=s.permissions,
-                        )
-                        for s in allocation.devices
-                    ],
-                )
-            )
+            responses.append(self._answer(hcas))
             self.metrics.allocations.labels(resource=self.resource).inc()
-            logger.info(
-                "allocated %s %s -> %s",
-                self.resource,
-                list(r.devices_ids),
-                allocation.envs.get(policy.HCAS_ENV),
-            )
+            logger.info("allocated %s %s -> %s", self.resource, ids, ",".join(hcas))
         return api_pb2.AllocateResponse(container_responses=responses)
+
+    def _answer(self, hcas: tuple[str, ...]) -> api_pb2.ContainerAllocateResponse:
+        """The answer for these HCAs of the current view, built once per view: every ID of a
+        shared pool names the same HCAs."""
+        answer = self._answers.get(hcas)
+        if answer is None:
+            allocation = policy.allocation(self.view, hcas, self.dev_root)
+            answer = api_pb2.ContainerAllocateResponse(
+                envs=allocation.envs,
+                devices=[
+                    api_pb2.DeviceSpec(
+                        container_path=s.container_path,
+                        host_path=s.host_path,
+                        permissions=s.permissions,
+                    )
+                    for s in allocation.devices
+                ],
+            )
+            self._answers[hcas] = answer
+        return answer
 
     async def PreStartContainer(
         self,
