@@ -443,7 +443,7 @@ def test_daemonset_command_is_the_launch_spec_the_plugin_parses_back(
     ]
 
     assert launch.parse(command[3:]) == LaunchSpec(
-        config=DEFAULT_CONFIG_PATH, rescan_interval=interval
+        config=DEFAULT_CONFIG_PATH, discovery="sysfs", rescan_interval=interval
     )
 
 
