@@ -21,6 +21,7 @@ DEFAULT_MAX_ALLOCATIONS = 1000
 MAX_ALLOCATIONS_LIMIT = 100_000
 MAX_ID_LENGTH = 63
 
+Version = Literal["v1"]
 Mode = Literal["shared", "exclusive"]
 LinkLayer = Literal["Ethernet", "InfiniBand"]
 
@@ -126,7 +127,7 @@ class Pool:
 class PluginConfig:
     """The whole plugin config file (`version: v1`)."""
 
-    version: Literal["v1"] = "v1"
+    version: Version = "v1"
     non_host_network: bool = False
     pools: tuple[Pool, ...] = (Pool(name="hca"),)
 
@@ -262,7 +263,7 @@ class _Reader:
             return None
         kwargs: dict[str, Any] = {}
         if "version" in read:
-            kwargs["version"] = self._choice(read["version"], ("version",), ("v1",))
+            kwargs["version"] = self._choice(read["version"], ("version",), get_args(Version))
         if "non_host_network" in read:
             kwargs["non_host_network"] = self._bool(read["non_host_network"], ("nonHostNetwork",))
         if "pools" in read:

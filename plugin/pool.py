@@ -176,11 +176,6 @@ def preferred(
     return chosen
 
 
-def allocate(view: PoolView, ids: list[str], dev_root: Path) -> Allocation:
-    """Device specs for rdma_cm and each HCA's uverbs/umad(/issm) behind `ids`."""
-    return allocation(view, allocated_hcas(view, ids), dev_root)
-
-
 def allocated_hcas(view: PoolView, ids: list[str]) -> tuple[str, ...]:
     """The HCAs behind `ids`, in the view's order; refuses an unknown or unhealthy ID."""
     if not ids:
@@ -206,8 +201,8 @@ def allocated_hcas(view: PoolView, ids: list[str]) -> tuple[str, ...]:
 
 
 def allocation(view: PoolView, hca_names: tuple[str, ...], dev_root: Path) -> Allocation:
-    """What a container gets for these HCAs of the view (the same for every ID that names
-    them: the servicer answers from a cache keyed by them)."""
+    """Device specs for rdma_cm and each of these HCAs' uverbs/umad(/issm), and the env naming
+    them: the same for every ID that names them (the servicer caches it per view)."""
     hcas = [h for h in view.hcas if h.name in hca_names]
     names = (["rdma_cm"] if view.rdma_cm else []) + [
         n

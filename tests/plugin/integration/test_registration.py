@@ -290,8 +290,7 @@ async def test_a_second_instance_on_the_same_dir_waits_and_takes_over_when_the_f
         await kubelet.wait_registrations(2)
         assert f"pid {first_pid} stopped: serving" in second.output()
     finally:
-        if second.running():
-            await second.terminate()
+        await second.close()
 
 
 async def test_a_register_in_flight_when_its_socket_is_deleted_is_abandoned_at_once(

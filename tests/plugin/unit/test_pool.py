@@ -39,6 +39,11 @@ def hca(
     )
 
 
+def allocate(view: policy.PoolView, ids: list[str], dev: Path) -> policy.Allocation:
+    """What the servicer answers for `ids`: their HCAs, checked, then those HCAs' devices."""
+    return policy.allocation(view, policy.allocated_hcas(view, ids), dev)
+
+
 def view(mode: str, hcas: list[Hca], **kw: int) -> policy.PoolView:
     pool = Pool(name="hca", mode=mode, **kw)  # type: ignore[arg-type]
     return policy.build_view(pool, tuple(hcas), rdma_cm=True)
@@ -49,7 +54,7 @@ def test_shared_ids_give_every_selected_hca() -> None:
 
     assert [d.id for d in v.devices] == ["hca-0", "hca-1", "hca-2"]
     assert {d.numa_nodes for d in v.devices} == {(0, 1)}
-    alloc = policy.allocate(v, ["hca-2"], DEV)
+    alloc = allocate(v, ["hca-2"], DEV)
     assert [s.host_path for s in alloc.devices] == [
         "/host/dev/infiniband/" + n for n in ("rdma_cm", "uverbs0", "umad0", "uverbs1", "umad1")
     ]
@@ -105,7 +110,7 @@ def test_shared_pool_stays_healthy_while_one_hca_is_active() -> None:
     )
     assert not v.devices[0].healthy
     with pytest.raises(policy.AllocationError, match="'hca-0' is unhealthy: mlx5_0: no ACTIVE"):
-        policy.allocate(v, ["hca-0"], DEV)
+        allocate(v, ["hca-0"], DEV)
 
 
 def test_issm_only_when_present_and_rdma_cm_only_when_present() -> None:
@@ -120,7 +125,7 @@ def test_issm_only_when_present_and_rdma_cm_only_when_present() -> None:
     )
     v = policy.build_view(Pool(name="hca", mode="exclusive"), (h,), rdma_cm=False)
 
-    names = [s.container_path for s in policy.allocate(v, ["mlx5_0"], DEV).devices]
+    names = [s.container_path for s in allocate(v, ["mlx5_0"], DEV).devices]
 
     assert names == ["/dev/infiniband/uverbs0", "/dev/infiniband/umad0", "/dev/infiniband/issm0"]
 
@@ -167,7 +172,7 @@ def test_ids_unique_short_and_allocate_covers_exactly_their_hcas(
     chosen = data.draw(
         st.lists(st.sampled_from(healthy), unique_by=lambda d: d.id, min_size=1, max_size=4)
     )
-    alloc = policy.allocate(v, [d.id for d in chosen], DEV)
+    alloc = allocate(v, [d.id for d in chosen], DEV)
     want = {h for d in chosen for h in d.hcas}
     got = {Path(s.host_path).name for s in alloc.devices} - {"rdma_cm"}
     assert got == {n for h in hcas if h.name in want for n in (h.chardevs.uverbs, *h.chardevs.umad)}
@@ -224,7 +229,7 @@ def test_an_allocate_request_with_no_device_id_is_refused() -> None:
     (view,), _ = policy.assign(PluginConfig(), Inventory(hcas=(hca("mlx5_0"),)))
 
     with pytest.raises(policy.AllocationError, match="a container request with no device ID"):
-        policy.allocate(view, [], Path("/dev"))
+        allocate(view, [], Path("/dev"))
 
 
 def test_list_and_watch_encoding_holds_for_an_id_longer_than_127_bytes() -> None:
