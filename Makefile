@@ -8,7 +8,7 @@ UV_VERSION := 0.13.9
 APT_PACKAGES := python3-venv python3-pyverbs ibverbs-providers rdma-core iproute2
 STAMP := $(VENV)/.synced
 
-.PHONY: help setup render test lint typecheck proto bench test-rdma e2e engine deploy image clean
+.PHONY: help setup render test lint typecheck proto bench test-rdma e2e engine cold-build deploy image clean
 
 help: ## List every target
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -56,6 +56,9 @@ e2e: setup ## The plugin against a real kubelet v1.34 + containerd (builds and c
 
 engine: setup ## The real Pulumi engine deploys the local stack onto the e2e cluster (builds and caches both)
 	@tests/engine/run.sh $(PYTEST_ARGS)
+
+cold-build: ## Every build (VM images, plugin image, Kubernetes programs, Pulumi engine) from empty caches
+	tests/cold-build.sh
 
 ACTION ?= up
 deploy: setup ## The program through the Automation API with the `pulumi` CLI only: make deploy STACK=local ACTION=preview|up|refresh|destroy

@@ -37,7 +37,13 @@ if [ ! -x "$out/bin.tmp/pulumi-resource-kubernetes" ]; then
   src="$out/src"
   rm -rf "$src" && mkdir -p "$src/cmd"
   cp "$here"/go/provider/go.{mod,sum} "$here"/go/provider/tools.go "$src/"
-  mod=$(cd "$src" && go list -m -f '{{.Dir}}' github.com/pulumi/pulumi-kubernetes/provider/v4)
+  # `go list -m` prints an empty Dir for a module not yet in the module cache: download it first.
+  provider=github.com/pulumi/pulumi-kubernetes/provider/v4
+  mod=$(cd "$src" && go mod download "$provider" && go list -m -f '{{.Dir}}' "$provider")
+  if [ ! -d "$mod/cmd/pulumi-resource-kubernetes" ]; then
+    echo "engine: $provider has no cmd/pulumi-resource-kubernetes in the module cache ('$mod')" >&2
+    exit 1
+  fi
   cp -r "$mod/cmd/pulumi-resource-kubernetes" "$src/cmd/" && chmod -R u+w "$src/cmd"
   (cd "$src/cmd/pulumi-resource-kubernetes" && VERSION=$k8s_version go run generate.go \
     && nice -n 10 go build -trimpath -ldflags "-s -w \
