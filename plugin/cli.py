@@ -70,5 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         discovery.name,
         ", ".join(f"{p.resource_name} ({p.mode})" for p in config.pools),
     )
-    with instance.acquire(spec.device_plugin_dir):
-        return asyncio.run(supervisor.run(spec, config, discovery))
+    try:
+        with instance.acquire(spec.device_plugin_dir):
+            return asyncio.run(supervisor.run(spec, config, discovery))
+    except instance.LockError as exc:
+        print(f"rdma-device-plugin: --device-plugin-dir {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # before the loop's own SIGINT handler: waiting for the lock
+        print("rdma-device-plugin: interrupted before serving", file=sys.stderr)
+        return 130

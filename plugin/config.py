@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast, get_args
 
+from plugin.userfiles import ParseError, UnreadableError, parse_yaml, read_text
+
 # Paths and ports the DaemonSet and the CLI must agree on.
 DEFAULT_CONFIG_PATH = Path("/etc/lingjun-rdma/plugin.yaml")
 DEFAULT_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -20,6 +22,8 @@ DEFAULT_RESOURCE_NAME = "rdma/hca"
 DEFAULT_MAX_ALLOCATIONS = 1000
 MAX_ALLOCATIONS_LIMIT = 100_000
 MAX_ID_LENGTH = 63
+# Each pool is a socket and a grpc server: a node has at most a few tens of HCAs to split.
+MAX_POOLS = 64
 
 Version = Literal["v1"]
 Mode = Literal["shared", "exclusive"]
@@ -134,6 +138,11 @@ class PluginConfig:
     def __post_init__(self) -> None:
         if not self.pools:
             raise ConfigError("no pool: list at least one, or omit pools for the default rdma/hca")
+        if len(self.pools) > MAX_POOLS:
+            raise ConfigError(
+                f"{len(self.pools)} pools: at most {MAX_POOLS} (each is a socket and a server)",
+                field="pools",
+            )
         names = [p.name for p in self.pools]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:  # unique names also keep resource names and socket names unique
@@ -191,22 +200,14 @@ def load_config(path: Path, *, explicit: bool) -> PluginConfig:
             raise ConfigError(f"--config {path}: no such file: fix the path or omit --config")
         return PluginConfig()
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        text = read_text(path)
+    except UnreadableError as exc:
         raise ConfigError(
-            f"--config {path}: cannot be read ({why}): point it at the plugin's YAML file"
+            f"--config {path}: cannot be read ({exc}): point it at the plugin's YAML file"
         ) from None
-    if text.lstrip().startswith("{"):
-        try:
-            return parse_config(json.loads(text), str(path))
-        except json.JSONDecodeError:
-            pass  # YAML flow style can start with `{` too: the YAML parser decides
-    import yaml  # here, not at the top: a file as rendered by to_file() needs no YAML parser
-
     try:
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as exc:
+        data = parse_yaml(text)
+    except ParseError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc}): fix the syntax") from None
     return parse_config(data, str(path))
 

@@ -129,9 +129,12 @@ class HealthWatcher:
             + list(conflicts)
             + [p for h in inventory.hcas for p in h.problems]
         )
-        for view in views:  # shared IDs all carry the same reason: report each reason once
-            reasons = dict.fromkeys(d.reason for d in view.devices if d.reason)
-            problems += [f"{view.pool.resource_name}: {r}" for r in (*reasons, *view.skipped)]
+        for view in views:  # each HCA's own reason: a shared ID stays healthy without it
+            reasons = [r for h in view.hcas if (r := h.unhealthy_reason()) is not None]
+            problems += [
+                f"{view.pool.resource_name}: {r}: left out of allocations" for r in reasons
+            ]
+            problems += [f"{view.pool.resource_name}: {r}" for r in view.skipped]
             if not view.hcas:
                 problems.append(f"{view.pool.resource_name}: {_why_empty(inventory)}")
         if self.config.non_host_network:

@@ -8,6 +8,8 @@ the process however it ends, and tells a waiter who holds it (SO_PEERCRED).
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import logging
 import os
 import socket
@@ -20,8 +22,15 @@ logger = logging.getLogger(__name__)
 _UCRED = struct.Struct("3i")  # pid, uid, gid
 
 
+class LockError(RuntimeError):
+    """The lock cannot be taken for a reason other than another instance holding it."""
+
+
 def _name(plugin_dir: Path) -> bytes:
-    return b"\0lingjun-rdma-plugin:" + os.fsencode(plugin_dir.resolve())
+    # A digest of the resolved path: one dir however it is spelt (a symlink to it, a trailing
+    # slash), and a name of fixed length (an abstract address has sockaddr_un's 108 bytes too).
+    digest = hashlib.sha256(os.fsencode(plugin_dir.resolve())).hexdigest()[:32]
+    return b"\0lingjun-rdma-plugin:" + digest.encode()
 
 
 def holder(plugin_dir: Path) -> int | None:
@@ -43,8 +52,12 @@ def acquire(plugin_dir: Path, poll: float = 1.0) -> socket.socket:
         lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             lock.bind(_name(plugin_dir))
-        except OSError:
+        except OSError as exc:
             lock.close()
+            if exc.errno != errno.EADDRINUSE:
+                raise LockError(
+                    f"{plugin_dir}: cannot take its one-instance lock ({exc.strerror})"
+                ) from None
             other = holder(plugin_dir)
             if other is not None and other != waiting_for:
                 logger.warning(

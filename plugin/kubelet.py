@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import stat
 from collections.abc import Awaitable
 from pathlib import Path
 
@@ -15,13 +17,16 @@ from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.config import Pool
 from plugin.metrics import Metrics
 from plugin.server import DevicePluginServicer
+from plugin.userfiles import file_kind, why_not_writable
 
 logger = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
 API_VERSION = "v1beta1"
-# A unix socket path longer than this does not fit sockaddr_un (108 bytes with its NUL).
-MAX_UNIX_PATH = 107
+# The longest unix socket path grpc-core binds ("Path name should not have more than 107
+# characters" from 106 bytes on: it counts more than sockaddr_un's NUL); a unit test binds one
+# of exactly this length and fails on one more, so a grpc that changes it is caught.
+MAX_UNIX_PATH = 105
 # A fresh subchannel per channel: grpc-python otherwise shares subchannels between channels to
 # the same address, and one that failed while the kubelet restarted answers from its reconnect
 # backoff (seconds) instead of dialing the new kubelet.sock.
@@ -56,6 +61,7 @@ class Endpoint:
         self._registered_with: int | None = None  # inode of the kubelet.sock we registered with
         self._stream_lost = False
         self._wake = asyncio.Event()
+        self._said: str | None = None  # what we last said we wait for (each reason said once)
 
     @property
     def view(self) -> policy.PoolView:
@@ -109,19 +115,19 @@ class Endpoint:
                     await self._restart_server()
                 except (OSError, RuntimeError, grpc.aio.AioRpcError) as exc:
                     # e.g. the device-plugins dir is missing, or a starting kubelet deleted the
-                    # socket before it answered
+                    # socket before it answered; grpc's own "Failed to bind" says neither
                     self.metrics.errors.labels(kind="serve").inc()
-                    logger.warning(
-                        "%s: cannot serve %s (%s); retrying in %.1fs",
-                        self.resource,
-                        self.path,
-                        exc,
+                    why = why_not_writable(self.path.parent)
+                    self._waiting(
+                        f"cannot serve {self.path}: "
+                        + (f"{self.path.parent} {why}" if why else str(exc)),
                         backoff,
                     )
                     await self._sleep_unless_woken(backoff)
                     backoff = min(backoff * 2, _BACKOFF_MAX)
                     continue
                 backoff = _BACKOFF_START
+            self._said = None
             if not self.registered and not await self._register():
                 continue  # woken while backing off: look again at once
             await self._wake.wait()
@@ -141,7 +147,7 @@ class Endpoint:
         async with grpc.aio.insecure_channel(
             f"unix://{self.kubelet}", options=CHANNEL_OPTIONS
         ) as channel:
-            ready = asyncio.wait_for(channel.channel_ready(), _REGISTER_TIMEOUT)
+            ready = asyncio.wait_for(_connected(channel, self.kubelet), _REGISTER_TIMEOUT)
             # connected, and to `target` only if it is still the file there
             if not await self._unless_moot(ready, target) or self._moot(target):
                 return False
@@ -216,6 +222,12 @@ class Endpoint:
             )
         logger.info("%s: serving %s", self.resource, self.path)
 
+    def _waiting(self, why: str, backoff: float) -> None:
+        """Say at once what we wait for and why; a reason already said goes to debug."""
+        level = logging.DEBUG if why == self._said else logging.WARNING
+        logger.log(level, "%s: %s; looking again in %.1fs", self.resource, why, backoff)
+        self._said = why
+
     async def _register(self) -> bool:
         """Register, retrying with backoff; False when woken to start over."""
         backoff = _BACKOFF_START
@@ -225,34 +237,85 @@ class Endpoint:
             target = _inode(kubelet)
             if not self.serving:  # a kubelet starting up may delete our socket at any point
                 return False
-            self._generation += 1
-            self._stream_lost = False
-            self._registered_with = None
-            try:
-                if not await self._register_unless_moot(target):
-                    return False
-            except (grpc.aio.AioRpcError, TimeoutError) as exc:
-                self.metrics.registrations.labels(self.resource, "error").inc()
-                why = (
-                    f"{exc.code().name}: {exc.details()}"
-                    if isinstance(exc, grpc.aio.AioRpcError)
-                    else f"no connection within {_REGISTER_TIMEOUT:.0f}s"
-                )
-                logger.warning(
-                    "%s: cannot register with %s (%s); retrying in %.1fs",
-                    self.resource,
-                    kubelet,
-                    why,
-                    backoff,
-                )
+            why = _not_a_kubelet(kubelet)
+            if why is None:
+                self._generation += 1
+                self._stream_lost = False
+                self._registered_with = None
+                try:
+                    if not await self._register_unless_moot(target):
+                        return False
+                except (grpc.aio.AioRpcError, TimeoutError, UnreachableError) as exc:
+                    self.metrics.registrations.labels(self.resource, "error").inc()
+                    if isinstance(exc, grpc.aio.AioRpcError):
+                        why = f"the kubelet refused Register ({exc.code().name}: {exc.details()})"
+                    elif isinstance(exc, UnreachableError):
+                        why = f"waiting for the kubelet: {kubelet} {exc}"
+                    else:
+                        why = (
+                            f"waiting for the kubelet: {kubelet} accepted no connection within "
+                            f"{_REGISTER_TIMEOUT:.0f}s"
+                        )
+                else:
+                    self._registered_with = target
+                    self._said = None
+                    self.metrics.registrations.labels(self.resource, "ok").inc()
+                    logger.info("%s: registered with the kubelet", self.resource)
+                    return True
             else:
-                self._registered_with = target
-                self.metrics.registrations.labels(self.resource, "ok").inc()
-                logger.info("%s: registered with the kubelet", self.resource)
-                return True
+                why = f"waiting for the kubelet: {kubelet} {why}"
+            self._waiting(why, backoff)
             if await self._sleep_unless_woken(backoff):
                 return False
             backoff = min(backoff * 2, _BACKOFF_MAX)
+
+
+class UnreachableError(Exception):
+    """kubelet.sock is a socket, but connecting to it fails; the message says how."""
+
+
+def _not_a_kubelet(path: Path) -> str | None:
+    """Why `path` cannot be a listening kubelet's socket, from its file alone (None: it can)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        if path.is_symlink():
+            return "is a dangling symlink: remove it (the kubelet creates its socket there)"
+        return "does not exist yet (the kubelet creates it when it starts)"
+    except OSError as exc:
+        return f"cannot be looked at ({exc.strerror})"
+    if not stat.S_ISSOCK(mode):
+        return (
+            f"is {file_kind(mode)}, not a socket: something else made it; remove it so that "
+            "the kubelet can listen there"
+        )
+    return None
+
+
+async def _connected(channel: grpc.aio.Channel, path: Path) -> None:
+    """Until `channel` is connected; at its first failure, UnreachableError saying why (grpc
+    would otherwise retry quietly, with backoff, until our timeout)."""
+    state = channel.get_state(try_to_connect=True)
+    while state != grpc.ChannelConnectivity.READY:
+        if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            raise UnreachableError(_connect_error(path))
+        await channel.wait_for_state_change(state)
+        state = channel.get_state(try_to_connect=True)
+
+
+def _connect_error(path: Path) -> str:
+    """What a plain connect to `path` meets (non-blocking: a unix connect answers at once)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(str(path))
+        except BlockingIOError:
+            return "has a full accept queue (the kubelet is not accepting connections)"
+        except ConnectionRefusedError:
+            return "refuses connections: no kubelet listens on it (a stopped one left it)"
+        except OSError as exc:
+            return f"cannot be connected to ({exc.strerror})"
+    return "accepts connections, but grpc's connection failed"
 
 
 def _inode(path: Path) -> int | None:

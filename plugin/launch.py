@@ -5,7 +5,6 @@ from one. A default written here is written nowhere else."""
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -14,6 +13,9 @@ from typing import Literal, get_args
 from plugin.config import DEFAULT_CONFIG_PATH, DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_METRICS_PORT
 
 DiscoveryKind = Literal["auto", "verbs", "sysfs"]
+# Seconds between periodic scans: shorter keeps a core re-reading sysfs (hundreds of GID files
+# per port), longer is no backstop at all.
+RESCAN_INTERVAL_RANGE = (0.1, 3600.0)
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 
@@ -42,8 +44,9 @@ class LaunchSpec:
     log_level: LogLevel = "info"
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.rescan_interval) and self.rescan_interval > 0):
-            raise LaunchError("rescan_interval", "must be a number of seconds > 0")
+        low, high = RESCAN_INTERVAL_RANGE
+        if not low <= self.rescan_interval <= high:  # NaN compares false: refused too
+            raise LaunchError("rescan_interval", f"must be {low:g}-{high:g} seconds")
         if self.metrics_address and self.metrics_port is None:
             raise LaunchError(
                 "metrics_address",

@@ -11,7 +11,7 @@ HCAs default to LINGJUN_RDMA_HCAS (set by the device plugin's Allocate). Family 
 the host network (an allocated HCA's netdev is an interface of this namespace), else ipv6 (the
 only family a pod's own GID can have off the host network).
 Exit codes: 0 printed, 1 no usable GID (the message names the HCAs, the addresses and the fix),
-2 bad arguments.
+2 bad arguments or an --out that cannot be written.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from plugin.discovery.sysfs import SysfsDiscovery
 from plugin.gidchoice import Choice, Family, NoGidError, choose
 from plugin.netaddrs import namespace_addresses
 from plugin.pool import HCAS_ENV
+from plugin.userfiles import why_not_writable
 
 FAMILIES: tuple[Family, ...] = ("ipv6", "ipv4")
 
@@ -99,11 +100,30 @@ def main(argv: list[str] | None = None) -> int:
     text = render(choice, dict(args.set))
     if args.out is None:
         sys.stdout.write(text)
-    else:
-        tmp = args.out.with_name(f".{args.out.name}.tmp")
-        tmp.write_text(text)
-        tmp.replace(args.out)
+        return 0
+    try:
+        write_atomically(args.out, text)
+    except OSError as exc:
+        print(f"lingjun-rdma podenv: --out {args.out}: {_why(exc, args.out)}", file=sys.stderr)
+        return 2
     return 0
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`path` holds `text` whole, or is left as it was (no temporary file stays behind)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _why(exc: OSError, path: Path) -> str:
+    why = why_not_writable(path.parent)
+    if why is not None and not isinstance(exc, IsADirectoryError):
+        return f"{path.parent} {why}: name a file in a writable directory"
+    return f"{exc.strerror or exc}: name a file in a writable directory"
 
 
 if __name__ == "__main__":

@@ -153,21 +153,23 @@ def _device(device_id: str, hcas: tuple[Hca, ...]) -> Device:
 def preferred(
     view: PoolView, available: list[str], must_include: list[str], size: int
 ) -> list[str]:
-    """`size` IDs including `must_include`. Exclusive pools pack onto the NUMA nodes of
-    `must_include` first, then onto the nodes with the most free HCAs (fewest nodes)."""
-    chosen = list(dict.fromkeys(must_include))[:size]
+    """`size` IDs including `must_include`, only IDs of this pool that the kubelet offers.
+    Exclusive pools pack onto the NUMA nodes of `must_include` first, then onto the nodes with
+    the most free HCAs (fewest nodes)."""
+    devices = view.by_id
+    offered = [i for i in dict.fromkeys(available) if i in devices]
+    chosen = [i for i in dict.fromkeys(must_include) if i in devices][:size]
     if len(chosen) >= size:
         return chosen
     picked = set(chosen)
-    rest = [i for i in available if i not in picked]
+    rest = [i for i in offered if i not in picked]
     if view.pool.mode == "shared":
         return chosen + rest[: size - len(chosen)]
-    devices = view.by_id
     by_node: dict[int, list[str]] = defaultdict(list)
     for device_id in sorted(rest):
-        nodes = devices[device_id].numa_nodes if device_id in devices else ()
+        nodes = devices[device_id].numa_nodes
         by_node[nodes[0] if nodes else -1].append(device_id)
-    used = {n for i in chosen if i in devices for n in devices[i].numa_nodes}
+    used = {n for i in chosen for n in devices[i].numa_nodes}
     order = sorted(by_node, key=lambda n: (n not in used, -len(by_node[n]), n))
     for node in order:
         chosen.extend(by_node[node][: size - len(chosen)])
@@ -177,7 +179,10 @@ def preferred(
 
 
 def allocated_hcas(view: PoolView, ids: list[str]) -> tuple[str, ...]:
-    """The HCAs behind `ids`, in the view's order; refuses an unknown or unhealthy ID."""
+    """The usable HCAs behind `ids`, in the view's order; refuses an unknown or unhealthy ID.
+    A shared ID is healthy while one of its HCAs is usable: an HCA that is not (a port down
+    or unreadable, no uverbs node) is left out of the allocation, whose env then names only
+    what the pod can use."""
     if not ids:
         raise AllocationError(
             f"{view.pool.resource_name}: a container request with no device ID: nothing to "
@@ -197,7 +202,7 @@ def allocated_hcas(view: PoolView, ids: list[str]) -> tuple[str, ...]:
                 f"{view.pool.resource_name}: device ID {device_id!r} is unhealthy: {device.reason}"
             )
         hca_names.update(device.hcas)
-    return tuple(h.name for h in view.hcas if h.name in hca_names)
+    return tuple(h.name for h in view.hcas if h.name in hca_names and h.unhealthy_reason() is None)
 
 
 def allocation(view: PoolView, hca_names: tuple[str, ...], dev_root: Path) -> Allocation:

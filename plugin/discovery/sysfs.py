@@ -92,7 +92,7 @@ class SysfsDiscovery:
             pci_netdevs = {}
             parent = read(base / "parent")
         ports = tuple(
-            self._read_port(base / "ports" / p, int(p), pci_netdevs, parent)
+            self._read_port(base / "ports" / p, int(p), pci_netdevs, parent, problems)
             for p in _numbered(base / "ports", problems)
         )
         uverbs = [u for u in verbs.get(name, []) if self._node_exists(u, problems)]
@@ -135,7 +135,12 @@ class SysfsDiscovery:
         return owners
 
     def _read_port(
-        self, base: Path, number: int, pci_netdevs: dict[str, int | None], parent: str | None
+        self,
+        base: Path,
+        number: int,
+        pci_netdevs: dict[str, int | None],
+        parent: str | None,
+        problems: list[str],
     ) -> Port:
         gids = tuple(_read_gids(base)) if self.gids else ()
         if parent is not None:
@@ -148,6 +153,12 @@ class SysfsDiscovery:
         link_layer = read(base / "link_layer")
         if state is None or link_layer is None:
             # a port this scan cannot read is not Healthy (never the last state it had)
+            unread = [
+                f.name
+                for f, v in ((base / "state", state), (base / "link_layer", link_layer))
+                if v is None
+            ]
+            problems.append(f"{base}: {' and '.join(unread)} cannot be read as text")
             return Port(number, UNREADABLE, link_layer or "unknown", netdevs, gids)
         return Port(
             number=number,

@@ -109,3 +109,13 @@ class PluginProcess:
 
     def output(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
+
+    async def said(self, text: str, limit: float = 10.0) -> str:
+        """The output once it holds `text` (polled); fails with the output after `limit` s."""
+        for _ in range(int(limit / 0.05)):
+            if text in self.output():
+                break
+            await asyncio.sleep(0.05)
+        output = self.output()
+        assert text in output, output
+        return output

@@ -1,12 +1,17 @@
-"""Bad flags and unreadable config files: the plugin from its CLI exits 2 with one line naming
-the flag or the file and the fix, never a traceback."""
+"""Bad flags and bad config files: the plugin from its CLI exits 2 with one line naming the
+flag or the file and the fix, never a traceback, and never blocks on what it reads."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from plugin.config import MAX_POOLS
+from plugin.kubelet import MAX_UNIX_PATH
+from plugin.launch import RESCAN_INTERVAL_RANGE
+from plugin.userfiles import MAX_DIGITS
 from tests.plugin.plugin_process import PluginProcess
 
 
@@ -18,13 +23,18 @@ async def _refused(plugin: PluginProcess, config: Path | None, *flags: str) -> s
     return output
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1"])
-async def test_a_rescan_interval_that_is_not_a_positive_number_is_refused(
+LOW, HIGH = RESCAN_INTERVAL_RANGE
+
+
+@pytest.mark.parametrize(
+    "value", ["nan", "inf", "-inf", "0", "-1", "1e-9", str(LOW / 2), str(HIGH + 1), "1e61"]
+)
+async def test_a_rescan_interval_outside_its_range_is_refused(
     plugin: PluginProcess, value: str
 ) -> None:
     output = await _refused(plugin, None, f"--rescan-interval={value}")
 
-    assert f"--rescan-interval {float(value)}: must be a number of seconds > 0" in output
+    assert f"--rescan-interval {float(value)}: must be {LOW:g}-{HIGH:g} seconds" in output
 
 
 @pytest.mark.parametrize("value", ["127.0.0.1:70000", "127.0.0.1:-1", "localhost", "host:http"])
@@ -36,13 +46,43 @@ async def test_a_metrics_address_without_a_port_0_to_65535_is_refused(
     assert f"--metrics-address {value}: expected HOST:PORT with a port 0-65535" in output
 
 
-async def test_a_config_that_is_a_directory_is_refused(plugin: PluginProcess) -> None:
-    directory = plugin.root / "conf.d"
-    directory.mkdir()
+def _fifo(root: Path) -> Path:
+    path = root / "plugin.fifo"
+    os.mkfifo(path)
+    return path
 
-    output = await _refused(plugin, directory)
 
-    assert f"--config {directory}: cannot be read (Is a directory)" in output
+def _directory(root: Path) -> Path:
+    path = root / "conf.d"
+    path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [
+        (_directory, "a directory"),
+        (_fifo, "a FIFO"),  # opened for reading, it would block until a writer came
+        (lambda root: Path("/dev/zero"), "a character device"),  # read whole, endless
+    ],
+)
+async def test_a_config_that_is_not_a_regular_file_is_refused_without_reading_it(
+    plugin: PluginProcess, make: object, kind: str
+) -> None:
+    assert callable(make)
+    config = make(plugin.root)
+
+    output = await _refused(plugin, config)
+
+    assert f"--config {config}: cannot be read ({kind}, not a regular file)" in output
+
+
+async def test_a_config_over_a_configmaps_size_is_refused(plugin: PluginProcess) -> None:
+    config = plugin.write_config("# " + "x" * (1 << 20) + "\n")
+
+    output = await _refused(plugin, config)
+
+    assert f"--config {config}: cannot be read (over 1024 KiB)" in output
 
 
 async def test_a_config_that_is_not_utf8_is_refused(plugin: PluginProcess) -> None:
@@ -54,6 +94,56 @@ async def test_a_config_that_is_not_utf8_is_refused(plugin: PluginProcess) -> No
     assert f"--config {config}: cannot be read (not UTF-8 text)" in output
 
 
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("pools:\n  - name: hca\n    maxAllocations: " + "9" * 5000 + "\n", "5000 digits"),
+        ('{"pools": [{"name": "hca", "maxAllocations": ' + "9" * 5000 + "}]}", "5000 digits"),
+        ("pools: " + "[" * 100_000 + "]" * 100_000 + "\n", "not valid YAML"),
+        ('{"pools": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    ],
+    ids=["yaml-5000-digits", "json-5000-digits", "yaml-deep", "json-deep"],
+)
+async def test_a_config_with_absurd_numbers_or_nesting_is_one_line(
+    plugin: PluginProcess, text: str, why: str
+) -> None:
+    config = plugin.write_config(text)
+
+    output = await _refused(plugin, config)
+
+    assert f"{config}: not valid YAML" in output
+    assert why in output
+    assert f"at most {MAX_DIGITS}" in output or "digits" not in why
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("pools:\n  - name: hca\n    mode: shared\n    mode: exclusive\n", "line 4, column 5: "),
+        ('{"pools": [{"name": "a", "name": "b"}]}', ""),
+    ],
+    ids=["yaml", "json"],
+)
+async def test_a_key_given_twice_is_refused_not_silently_the_last(
+    plugin: PluginProcess, text: str, where: str
+) -> None:
+    config = plugin.write_config(text)
+
+    output = await _refused(plugin, config)
+
+    assert f"{config}: not valid YAML ({where}key " in output
+    assert "given twice: keep one): fix the syntax" in output
+
+
+async def test_more_pools_than_a_node_can_serve_are_refused(plugin: PluginProcess) -> None:
+    pools = ", ".join(f"{{name: p{i}, maxAllocations: 1}}" for i in range(20_000))
+    config = plugin.write_config(f"pools: [{pools}]\n")
+
+    output = await _refused(plugin, config)
+
+    assert f"pools: 20000 pools: at most {MAX_POOLS}" in output
+
+
 async def test_a_device_plugin_dir_too_long_for_a_unix_socket_is_refused(
     plugin: PluginProcess,
 ) -> None:
@@ -63,4 +153,4 @@ async def test_a_device_plugin_dir_too_long_for_a_unix_socket_is_refused(
     output = await _refused(plugin, None, "--device-plugin-dir", str(deep))
 
     assert f"--device-plugin-dir {deep}: the socket lingjun-rdma-rdma_hca.sock there" in output
-    assert "over the 107-byte unix limit" in output
+    assert f"over the {MAX_UNIX_PATH}-byte unix limit" in output

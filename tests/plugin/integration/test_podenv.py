@@ -155,3 +155,39 @@ def test_an_hca_missing_from_sysfs_is_named(tree: SysfsTree, pod_netns: str) -> 
 
     assert done.returncode == 1
     assert "mlx5_9: not in" in done.stderr
+
+
+FIX = "name a file in a writable directory"
+
+
+@pytest.mark.parametrize(
+    ("out", "said"),
+    [
+        ("missing/nccl.env", "{parent} does not exist: " + FIX),
+        ("adir", "Is a directory: " + FIX),
+        ("ro/nccl.env", "{parent} is on a read-only file system: " + FIX),
+    ],
+    ids=["missing-dir", "a-directory", "read-only-fs"],
+)
+def test_an_out_that_cannot_be_written_is_one_line_and_leaves_nothing_behind(
+    tree: SysfsTree, pod_netns: str, tmp_path: Path, out: str, said: str
+) -> None:
+    _address(pod_netns, f"{POD_A}/64")
+    work = tmp_path / "work"
+    (work / "adir").mkdir(parents=True)
+    (work / "ro").mkdir()
+    before = sorted(p.name for p in work.rglob("*"))
+    target = work / out
+    # the read-only file system is a tmpfs mounted read-only in a mount namespace of its own
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o ro none {work / "ro"} && exec "$@"',
+         "sh", "ip", "netns", "exec", pod_netns, sys.executable, "-m", "plugin.podenv",
+         "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0", "--out", str(target)],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"lingjun-rdma podenv: --out {target}: " + said.format(parent=target.parent)
+    ]
+    assert sorted(p.name for p in work.rglob("*")) == before

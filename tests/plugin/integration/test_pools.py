@@ -167,6 +167,27 @@ async def test_one_hcas_garbled_port_file_makes_only_it_unhealthy_while_running(
     assert "port 1 UNREADABLE" in plugin.output()
 
 
+async def test_a_shared_id_leaves_out_an_hca_whose_port_cannot_be_read_and_says_so(
+    kubelet: KubeletPeer, plugin: PluginProcess, tree: SysfsTree
+) -> None:
+    await plugin.start()
+    reg = await kubelet.wait_registrations(1)
+    (tree.port_dir("mlx5_1") / "state").write_bytes(b"4: \xff\xfe\n")
+    await plugin.said("rdma/hca: mlx5_1: no ACTIVE port (port 1 UNREADABLE): left out of")
+
+    response = await reg.stub.Allocate(
+        api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["hca-7"])]
+        )
+    )
+
+    (answer,) = response.container_responses
+    assert answer.envs["LINGJUN_RDMA_HCAS"] == "mlx5_0"
+    assert not [d for d in answer.devices if d.host_path.endswith(("uverbs1", "umad1"))]
+    assert f"{tree.port_dir('mlx5_1')}: state cannot be read as text" in plugin.output()
+    assert "\nrdma_plugin_problems 2.0\n" in await _metrics(plugin.metrics_port)
+
+
 async def _metrics(port: int) -> str:
     def get() -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:

@@ -12,6 +12,7 @@ from plugin import pool as policy
 from plugin.api.v1beta1 import api_pb2
 from plugin.config import PluginConfig, Pool, Selector
 from plugin.discovery.model import CharDevices, Gid, Hca, Inventory, Port
+from plugin.discovery.sysfs import UNREADABLE
 from plugin.netmode import non_host_network_problems
 from plugin.wire import list_and_watch_response
 
@@ -157,7 +158,7 @@ hca_lists = st.lists(
     slots=st.integers(1, 2000),
     data=st.data(),
 )
-def test_ids_unique_short_and_allocate_covers_exactly_their_hcas(
+def test_ids_unique_short_and_allocate_covers_exactly_their_usable_hcas(
     hcas: list[Hca], mode: str, slots: int, data: st.DataObject
 ) -> None:
     kw = {"max_allocations": slots} if mode == "shared" else {}
@@ -174,8 +175,10 @@ def test_ids_unique_short_and_allocate_covers_exactly_their_hcas(
     )
     alloc = allocate(v, [d.id for d in chosen], DEV)
     want = {h for d in chosen for h in d.hcas}
+    usable = [h for h in hcas if h.name in want and h.unhealthy_reason() is None]
     got = {Path(s.host_path).name for s in alloc.devices} - {"rdma_cm"}
-    assert got == {n for h in hcas if h.name in want for n in (h.chardevs.uverbs, *h.chardevs.umad)}
+    assert got == {n for h in usable for n in (h.chardevs.uverbs, *h.chardevs.umad)}
+    assert alloc.envs[policy.HCAS_ENV] == ",".join(h.name for h in usable)
 
 
 @settings(max_examples=100, deadline=None)
@@ -195,6 +198,31 @@ def test_preferred_returns_size_ids_including_must_include(
     assert len(set(result)) == size
     assert set(must) <= set(result)
     assert set(result) <= set(available)
+
+
+def test_preferred_never_returns_an_id_the_pool_does_not_have() -> None:
+    v = view("exclusive", [hca("mlx5_0", 0), hca("mlx5_1", 1, index=1)])
+
+    assert policy.preferred(v, ["mlx5_0", "mlx5_1", "bogus"], ["bogus"], 1) == ["mlx5_0"]
+    assert policy.preferred(v, ["mlx5_1", "other"], ["ghost", "mlx5_1"], 2) == ["mlx5_1"]
+
+
+def test_an_hca_whose_port_cannot_be_read_is_not_handed_out_by_a_shared_id() -> None:
+    unreadable = Hca(
+        name="mlx5_0",
+        vendor="15b3",
+        device_id="1017",
+        driver="mlx5_core",
+        numa_node=0,
+        ports=(Port(1, UNREADABLE, "unknown", ("eth0",)),),
+        chardevs=CharDevices(uverbs="uverbs0", umad=("umad0",)),
+    )
+    v = view("shared", [unreadable, hca("mlx5_1", index=1)], max_allocations=2)
+
+    alloc = allocate(v, ["hca-0"], DEV)
+
+    assert alloc.envs == {policy.HCAS_ENV: "mlx5_1"}
+    assert [Path(s.host_path).name for s in alloc.devices] == ["rdma_cm", "uverbs1", "umad1"]
 
 
 def test_preferred_packs_on_fewest_numa_nodes() -> None:

@@ -1,0 +1,171 @@
+"""Every wait of the running plugin says at once what it waits for and why, and ends on its own
+when the cause goes away: a kubelet.sock that is not the kubelet's, a device-plugins dir that
+cannot hold a socket, another instance holding the dir."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from plugin.kubelet import MAX_UNIX_PATH, socket_name
+from tests.plugin.kubelet_peer import KubeletPeer
+from tests.plugin.plugin_process import PluginProcess
+from tests.plugin.sysfs_tree import SysfsTree
+
+SOCKET = socket_name("rdma/hca")
+# Well under the 15 s a connect to kubelet.sock may take: "at once" means before it.
+AT_ONCE = 5.0
+
+
+def _regular_file(path: Path) -> None:
+    path.write_text("")
+
+
+def _directory(path: Path) -> None:
+    path.mkdir()
+
+
+def _dangling_symlink(path: Path) -> None:
+    path.symlink_to(path.parent / "gone.sock")
+
+
+def _stale_socket(path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as s:  # bound, never listening: what a dead kubelet left
+        s.bind(str(path))
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (_regular_file, "is a regular file, not a socket: something else made it; remove it"),
+        (_directory, "is a directory, not a socket"),
+        (_dangling_symlink, "is a dangling symlink: remove it"),
+        (_stale_socket, "refuses connections: no kubelet listens on it"),
+    ],
+    ids=["regular-file", "directory", "dangling-symlink", "stale-socket"],
+)
+async def test_a_kubelet_sock_that_is_not_a_listening_kubelet_is_said_at_once_then_healed(
+    plugin: PluginProcess, plugin_dir: Path, make: Callable[[Path], None], said: str
+) -> None:
+    kubelet_sock = plugin_dir / "kubelet.sock"
+    make(kubelet_sock)
+    await plugin.start()
+
+    await plugin.said(f"waiting for the kubelet: {kubelet_sock} {said}", limit=AT_ONCE)
+
+    # a kubelet starting there (it removes what is in its way) is registered with, unprompted
+    if kubelet_sock.is_dir():
+        kubelet_sock.rmdir()
+    else:
+        kubelet_sock.unlink()
+    peer = KubeletPeer(plugin_dir)
+    await peer.start()
+    try:
+        await peer.wait_registrations(1, limit=15)
+    finally:
+        await peer.stop()
+
+
+async def test_no_kubelet_yet_is_said_at_once(plugin: PluginProcess, plugin_dir: Path) -> None:
+    await plugin.start()
+
+    await plugin.said(
+        f"waiting for the kubelet: {plugin_dir / 'kubelet.sock'} does not exist yet",
+        limit=AT_ONCE,
+    )
+
+
+async def test_a_device_plugins_dir_that_is_a_file_is_said_at_once_and_served_once_fixed(
+    plugin: PluginProcess, plugin_dir: Path, short_tmp: Path
+) -> None:
+    os.rmdir(plugin_dir)
+    _regular_file(plugin_dir)
+    await plugin.start()
+
+    await plugin.said(
+        f"cannot serve {plugin_dir / SOCKET}: {plugin_dir} is a regular file, not a directory",
+        limit=AT_ONCE,
+    )
+
+    os.unlink(plugin_dir)
+    os.mkdir(plugin_dir)
+    peer = KubeletPeer(plugin_dir)
+    await peer.start()
+    try:
+        await peer.wait_registrations(1, limit=15)
+    finally:
+        await peer.stop()
+
+
+async def test_a_socket_path_exactly_at_the_limit_is_served_and_registered(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    pad = MAX_UNIX_PATH - len(f"{short_tmp}/") - len(f"/{SOCKET}")
+    plugin_dir = short_tmp / ("p" * pad)
+    plugin_dir.mkdir()
+    assert len(os.fsencode(plugin_dir / SOCKET)) == MAX_UNIX_PATH
+    peer = KubeletPeer(plugin_dir)
+    await peer.start()
+    plugin = PluginProcess(short_tmp, plugin_dir, sysfs=tree.sys, dev=tree.dev)
+    try:
+        await plugin.start()
+        await peer.wait_registrations(1)
+    finally:
+        await plugin.close()
+        await peer.stop()
+
+
+async def test_a_short_symlink_to_a_long_device_plugins_dir_is_served(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    # the resolved path is far over a socket address; the path given is short
+    long_dir = short_tmp / ("l" * 200) / ("m" * 200)
+    long_dir.mkdir(parents=True)
+    link = short_tmp / "dp-link"
+    link.symlink_to(long_dir)
+    peer = KubeletPeer(link)
+    await peer.start()
+    plugin = PluginProcess(short_tmp, link, sysfs=tree.sys, dev=tree.dev)
+    try:
+        await plugin.start()
+        await peer.wait_registrations(1)
+        assert (long_dir / SOCKET).exists()
+    finally:
+        await plugin.close()
+        await peer.stop()
+
+
+async def test_ctrl_c_on_an_instance_waiting_for_the_lock_is_one_line(
+    kubelet: KubeletPeer, plugin: PluginProcess, plugin_dir: Path, short_tmp: Path, tree: SysfsTree
+) -> None:
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+    second_root = short_tmp / "second"
+    second_root.mkdir()
+    second = PluginProcess(second_root, plugin_dir, sysfs=tree.sys, dev=tree.dev)
+    await second.start()
+    try:
+        await second.said("waiting for it to stop")
+
+        assert await second.terminate(signal.SIGINT) == 130
+        output = second.output()
+        assert "Traceback" not in output
+        assert output.rstrip().endswith("rdma-device-plugin: interrupted before serving")
+    finally:
+        await second.close()
+
+
+async def test_grpc_refuses_a_socket_path_one_byte_over_the_limit(short_tmp: Path) -> None:
+    # the limit is grpc-core's, stricter than sockaddr_un's: a grpc that moves it fails here
+    path = short_tmp / ("s" * (MAX_UNIX_PATH + 1 - len(f"{short_tmp}/")))
+    assert len(os.fsencode(path)) == MAX_UNIX_PATH + 1
+    server = grpc.aio.server()
+
+    with pytest.raises(RuntimeError, match="Failed to bind"):
+        server.add_insecure_port(f"unix://{path}")

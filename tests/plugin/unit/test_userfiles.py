@@ -1,0 +1,76 @@
+"""Reading files a user hands us: regular files only, bounded, strict YAML and JSON."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from plugin.userfiles import (
+    MAX_DIGITS,
+    ParseError,
+    UnreadableError,
+    parse_yaml,
+    read_text,
+    why_not_writable,
+)
+
+
+def test_a_regular_file_is_read_and_one_over_the_limit_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_text("x" * 2048)
+
+    assert read_text(path, limit=2048) == "x" * 2048
+    with pytest.raises(UnreadableError, match="over 1 KiB"):
+        read_text(path, limit=1024)
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+
+    with pytest.raises(UnreadableError, match="a FIFO, not a regular file"):
+        read_text(fifo)
+
+
+def test_a_missing_file_says_so(tmp_path: Path) -> None:
+    with pytest.raises(UnreadableError, match="No such file or directory"):
+        read_text(tmp_path / "absent")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a: 1\na: 2\n", "{a: 1, a: 2}\n", '{"a": 1, "a": 2}', "x:\n  - {b: 1, c: 2, b: 3}\n"],
+)
+def test_a_key_given_twice_is_refused(text: str) -> None:
+    with pytest.raises(ParseError, match="given twice: keep one"):
+        parse_yaml(text)
+
+
+def test_a_merge_key_is_not_a_key_given_twice() -> None:
+    text = "base: &b {x: 1, y: 2}\nover:\n  <<: *b\n  y: 3\n"
+
+    assert parse_yaml(text)["over"] == {"x": 1, "y": 3}
+
+
+@pytest.mark.parametrize("number", ["9" * (MAX_DIGITS + 1), "-" + "9" * (MAX_DIGITS + 1)])
+def test_a_number_with_too_many_digits_is_refused(number: str) -> None:
+    with pytest.raises(ParseError, match=f"at most {MAX_DIGITS}"):
+        parse_yaml(f"n: {number}\n")
+    with pytest.raises(ParseError, match=f"at most {MAX_DIGITS}"):
+        parse_yaml(f'{{"n": {number}}}')
+
+
+def test_long_but_legal_numbers_and_json_that_is_yaml_parse() -> None:
+    assert parse_yaml(f"n: {'9' * MAX_DIGITS}\n") == {"n": int("9" * MAX_DIGITS)}
+    assert parse_yaml('{"a": [1, 2.5, true]}') == {"a": [1, 2.5, True]}
+    assert parse_yaml("{a: b}") == {"a": "b"}  # flow YAML that is not JSON
+
+
+def test_why_not_writable_names_a_missing_dir_and_a_file(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+
+    assert why_not_writable(tmp_path) is None
+    assert why_not_writable(tmp_path / "absent") == "does not exist"
+    assert why_not_writable(tmp_path / "file") == "is a regular file, not a directory"
