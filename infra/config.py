@@ -9,13 +9,14 @@ import re
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal
 
-import yaml
 from pulumi.runtime import get_config, get_config_env, is_config_secret
 from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationError
 from pydantic.alias_generators import to_camel
 
+from infra.credentials import CREDENTIAL_KEYS, KUBECONFIG, plaintext_problems
+from infra.images import is_pinned, reference_problem
 from infra.jobs import SAMPLES
 from plugin.config import (
     DEFAULT_CONFIG_PATH,
@@ -43,6 +44,13 @@ def _key(name: str) -> str:
     return f"{PROJECT}:{name}"
 
 
+def shown(value: str, limit: int = 80) -> str:
+    """A value quoted back in a message: repr'd, and cut when long (a slip can be megabytes)."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}… ({len(value)} characters)"
+
+
 def _set(name: str, value: str) -> str:
     return f"(pulumi config set {_key(name)} {value})"
 
@@ -50,7 +58,7 @@ def _set(name: str, value: str) -> str:
 def _true_or_false(value: object) -> object:
     """Pulumi's `boolean` is the text true or false; pydantic alone would take yes, on, 1."""
     if isinstance(value, str) and value not in ("true", "false"):
-        raise ValueError(f"{value!r} is not a boolean: use true or false")
+        raise ValueError(f"{shown(value)} is not a boolean: use true or false")
     return value
 
 
@@ -220,18 +228,34 @@ class _Keys(BaseModel):
 
 
 # A duration in one whole unit: what Pulumi's custom timeouts and activeDeadlineSeconds share.
-_DURATION = re.compile(r"^([1-9][0-9]*)(s|m|h)$")
+# A duration in one whole unit: what Pulumi's custom timeouts and activeDeadlineSeconds share.
+_DURATION = re.compile(r"^([0-9]+)(s|m|h)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
-# Values that carry a credential: stored as Pulumi secrets or refused.
-CREDENTIAL_KEYS = ("kubeconfig", "registryPassword")
+# The range of each duration key, in seconds: a day for one DaemonSet rollout, a week for a
+# sample Job (activeDeadlineSeconds); from 1 s, what a test of the deadline itself needs.
+DURATION_RANGES = {"pluginAwaitTimeout": (1, 86400), "jobAwaitTimeout": (1, 7 * 86400)}
 
 
-def duration_seconds(duration: str) -> int:
-    """Seconds in a duration that config validation accepted (`30m` -> 1800)."""
-    match = _DURATION.match(duration)
+def _seconds(key: str, text: str, example: str) -> tuple[int | None, list[str]]:
+    """A duration key's value in seconds, or the problem with it."""
+    low, high = DURATION_RANGES[key]
+    match = _DURATION.match(text)
     if match is None:
-        raise ValueError(f"not a duration: {duration!r}")
-    return int(match[1]) * _UNIT_SECONDS[match[2]]
+        why = f"{shown(text)} is not a duration like {example}"
+    else:  # digits bounded before int(): Python refuses over 4300 of them
+        seconds = int(match[1]) * _UNIT_SECONDS[match[2]] if len(match[1]) <= 9 else high + 1
+        if low <= seconds <= high:
+            return seconds, []
+        why = f"{shown(text)} is not within {format_seconds(low)}..{format_seconds(high)}"
+    return None, [f"{_key(key)}: {why} {_set(key, example)}"]
+
+
+def format_seconds(seconds: int) -> str:
+    """The largest whole unit: 86400 -> 24h, 90 -> 90s."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 _LIST_KEYS = {"zoneIds", "vswitchCidrs", "sampleJobs"}
@@ -281,7 +305,7 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
     """
     values: dict[str, Any] = {}
     images: dict[str, str] = {}
-    problems = _check_plaintext_credentials(raw, secret)
+    problems = _plaintext_credentials(raw, secret)
     for key, value in raw.items():
         if key in _IMAGE_KEYS:
             images[key] = value
@@ -289,7 +313,9 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
             try:
                 values[key] = json.loads(value)
             except json.JSONDecodeError:
-                problems.append(f"{_key(key)}: {value!r} is not a JSON list {_set(key, '[...]')}")
+                problems.append(
+                    f"{_key(key)}: {shown(value)} is not a JSON list {_set(key, '[...]')}"
+                )
         else:
             values[key] = value
     if problems:
@@ -330,41 +356,14 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
     )
 
 
-def _check_plaintext_credentials(raw: Mapping[str, str], secret: Set[str]) -> list[str]:
+def _plaintext_credentials(raw: Mapping[str, str], secret: Set[str]) -> list[str]:
     """A credential stored in plain text in a stack file is refused. Pulumi.yaml cannot say
     `secret: true` for these keys: the CLI then requires them on every stack."""
-    problems: list[str] = []
-    password = raw.get("registryPassword")
-    if password is not None and "registryPassword" not in secret:
-        problems.append(
-            f"{_key('registryPassword')}: stored in plain text: set it as a secret "
-            f"(pulumi config set --secret {_key('registryPassword')} <password>)"
-        )
-    kubeconfig = raw.get("kubeconfig")
-    if kubeconfig is not None and "kubeconfig" not in secret and _has_credential(kubeconfig):
-        problems.append(
-            f"{_key('kubeconfig')}: holds a credential (token, key or password) in plain text: "
-            f"set it as a secret (pulumi config set --secret {_key('kubeconfig')} "
-            "< ~/.kube/config)"
-        )
-    return problems
-
-
-def _has_credential(kubeconfig: str) -> bool:
-    """True when a user entry carries a secret inline (not a file path to one)."""
-    try:
-        doc: Any = yaml.safe_load(kubeconfig)
-    except yaml.YAMLError:
-        return True  # unreadable here: treat it as one, the secret path is always safe
-    users: Any = cast(dict[str, Any], doc).get("users") if isinstance(doc, dict) else None
-    for entry in cast(list[Any], users) if isinstance(users, list) else []:
-        user: Any = cast(dict[str, Any], entry).get("user") if isinstance(entry, dict) else None
-        if isinstance(user, dict) and _INLINE_CREDENTIALS & set(cast(dict[str, Any], user)):
-            return True
-    return False
-
-
-_INLINE_CREDENTIALS = {"token", "client-key-data", "password"}
+    return [
+        f"{_key(key)}: {why}: set it as a secret (pulumi config set --secret {_key(key)} "
+        + ("< ~/.kube/config)" if key == KUBECONFIG else "<password>)")
+        for key, why in plaintext_problems(raw, secret)
+    ]
 
 
 def _describe(error: Any) -> str:
@@ -458,7 +457,10 @@ def _network(k: _Keys) -> tuple[NetworkPlan | None, list[str]]:
             nets[key] = ipaddress.IPv4Network(value)
         except ValueError as exc:
             base = key.split("[")[0]
-            problems.append(f"{_key(key)}: {value!r} is not an IPv4 CIDR ({exc}) {_set(base, '…')}")
+            why = f" ({exc})" if len(value) <= 60 else ""  # its text quotes the value whole
+            problems.append(
+                f"{_key(key)}: {shown(value)} is not an IPv4 CIDR{why} {_set(base, '…')}"
+            )
     if problems:
         return None, problems
     if not k.vswitch_cidrs:
@@ -494,7 +496,7 @@ def _check_namespace(k: _Keys) -> list[str]:
     if _DNS_LABEL.match(k.namespace):
         return []
     return [
-        f"{_key('namespace')}: {k.namespace!r} is not a Kubernetes namespace name (lower "
+        f"{_key('namespace')}: {shown(k.namespace)} is not a Kubernetes namespace name (lower "
         "case letters, digits and '-', at most 63, starting and ending with a letter or "
         f"digit) {_set('namespace', 'lingjun-rdma')}"
     ]
@@ -554,14 +556,6 @@ def _pool_problem(problem: Problem) -> str:
     return f"{_key(key)}: {msg} {fix}"
 
 
-def is_pinned(image: str) -> bool:
-    """True for `repo@sha256:…` or `repo:tag` (a colon after the last slash, so not a port)."""
-    if "@sha256:" in image:
-        return True
-    last = image.rsplit("/", 1)[-1]
-    return ":" in last and not last.endswith(":") and not image.endswith(":latest")
-
-
 def _plugin_image(k: _Keys) -> tuple[PinnedImage | BuiltImage | None, list[str]]:
     if k.plugin_image_build:
         return _built_image(k)
@@ -576,9 +570,15 @@ def _plugin_image(k: _Keys) -> tuple[PinnedImage | BuiltImage | None, list[str]]
             f"{_set('pluginImage', '<registry>/<repo>@sha256:<digest>')} or "
             f"{_set('pluginImageBuild', 'true')}"
         ]
+    problem = reference_problem(k.plugin_image)
+    if problem is not None:
+        return None, [
+            f"{_key('pluginImage')}: {problem} "
+            f"{_set('pluginImage', '<registry>/<repo>@sha256:<digest>')}"
+        ]
     if not is_pinned(k.plugin_image):
         return None, [
-            f"{_key('pluginImage')}: {k.plugin_image!r} is not pinned: give a digest or a tag "
+            f"{_key('pluginImage')}: {shown(k.plugin_image)} is not pinned: give a digest or a tag "
             f"other than latest {_set('pluginImage', '<registry>/<repo>@sha256:<digest>')}"
         ]
     return PinnedImage(k.plugin_image), []
@@ -599,7 +599,7 @@ def _built_image(k: _Keys) -> tuple[BuiltImage | None, list[str]]:
         )
     elif not re.fullmatch(r"cri-[a-z0-9]+", k.acr_instance_id):
         problems.append(
-            f"{_key('acrInstanceId')}: {k.acr_instance_id!r} is not an ACR Enterprise "
+            f"{_key('acrInstanceId')}: {shown(k.acr_instance_id)} is not an ACR Enterprise "
             f"Edition instance ID {_set('acrInstanceId', 'cri-<id>')}"
         )
     login = None
@@ -618,22 +618,14 @@ def _built_image(k: _Keys) -> tuple[BuiltImage | None, list[str]]:
 
 def _timeouts(k: _Keys) -> tuple[int | None, list[str]]:
     """The Jobs' deadline in seconds (None: not awaited), after both durations are checked."""
-    problems: list[str] = []
-    if not _DURATION.match(k.plugin_await_timeout):
-        problems.append(
-            f"{_key('pluginAwaitTimeout')}: {k.plugin_await_timeout!r} is not a duration like "
-            f"10m or 1h {_set('pluginAwaitTimeout', '10m')}"
-        )
+    _, problems = _seconds("pluginAwaitTimeout", k.plugin_await_timeout, "10m")
     if k.job_await_timeout is None:
         return None, problems
-    if not _DURATION.match(k.job_await_timeout):
-        problems.append(
-            f"{_key('jobAwaitTimeout')}: {k.job_await_timeout!r} is not a duration like 30m or "
-            f"2h {_set('jobAwaitTimeout', '30m')}, or unset it to skip awaiting "
-            f"(pulumi config rm {_key('jobAwaitTimeout')})"
-        )
-        return None, problems
-    return duration_seconds(k.job_await_timeout), problems
+    deadline, job_problems = _seconds("jobAwaitTimeout", k.job_await_timeout, "30m")
+    return deadline, problems + [
+        f"{p}, or unset it to skip awaiting (pulumi config rm {_key('jobAwaitTimeout')})"
+        for p in job_problems
+    ]
 
 
 def _samples(k: _Keys, images: Mapping[str, str]) -> tuple[tuple[SampleJob, ...], list[str]]:
@@ -643,13 +635,17 @@ def _samples(k: _Keys, images: Mapping[str, str]) -> tuple[tuple[SampleJob, ...]
         sample = SAMPLES.get(name)
         if sample is None:
             problems.append(
-                f"{_key('sampleJobs')}: unknown sample {name!r}; choose from "
+                f"{_key('sampleJobs')}: unknown sample {shown(name)}; choose from "
                 f"{', '.join(SAMPLES)} {_set('sampleJobs', json.dumps(list(SAMPLES)))}"
             )
         elif sample.image_key not in images:
             problems.append(
                 f"{_key(sample.image_key)}: required because {_key('sampleJobs')} enables "
                 f"{name} {_set(sample.image_key, '<image>:<tag>')}"
+            )
+        elif (problem := reference_problem(images[sample.image_key])) is not None:
+            problems.append(
+                f"{_key(sample.image_key)}: {problem} {_set(sample.image_key, '<image>:<tag>')}"
             )
         else:
             samples.append(SampleJob(name, images[sample.image_key]))

@@ -6,12 +6,15 @@ Python language host plugin:
 The same program as `pulumi up`, with the same project (Pulumi.yaml), stack files (stacks/) and
 state backend (`pulumi login`, PULUMI_BACKEND_URL); the CLI validates the config as it does for
 `pulumi up`. The program runs in this process (an inline program), so the CLI needs no
-`pulumi-language-python` plugin. Exit codes: 0 done, 1 the engine failed (its output above).
+`pulumi-language-python` plugin. Exit codes: 0 done, 1 the engine failed (its output above),
+2 it could not start (no usable `pulumi` CLI, no project or stack file: one line says which).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -63,6 +66,45 @@ def run(action: str, stack: auto.Stack, diff: bool = False) -> None:
         raise ValueError(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
 
 
+INSTALL = (
+    "install the Pulumi CLI (3.277 is tested: https://www.pulumi.com/docs/install/), or build "
+    "it with `make engine` and put the directory tests/engine/build.sh prints on PATH"
+)
+
+
+class DeployError(RuntimeError):
+    """What keeps a deploy from starting: one line naming it and the fix."""
+
+
+def pulumi_cli() -> auto.PulumiCommand:
+    """The `pulumi` CLI on PATH, checked to run and to be new enough for the Automation API."""
+    found = shutil.which("pulumi")
+    if found is None:
+        raise DeployError(f"no `pulumi` CLI on PATH: {INSTALL}")
+    try:
+        return auto.PulumiCommand()
+    except auto.InvalidVersionError as exc:
+        raise DeployError(f"{found}: {exc}: {INSTALL}") from None
+    except subprocess.CalledProcessError as exc:
+        raise DeployError(
+            f"{found}: `pulumi version` exited with {exc.returncode}: {INSTALL}"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise DeployError(f"{found}: cannot be run ({exc}): {INSTALL}") from None
+
+
+def check_project(project_dir: Path, stack: str) -> None:
+    if not (project_dir / "Pulumi.yaml").is_file():
+        raise DeployError(
+            f"--project-dir {project_dir}: no Pulumi.yaml there: name this project's checkout"
+        )
+    if not (project_dir / "stacks" / f"Pulumi.{stack}.yaml").is_file():
+        known = sorted(p.name.split(".")[1] for p in (project_dir / "stacks").glob("Pulumi.*.yaml"))
+        raise DeployError(
+            f"--stack {stack}: no stacks/Pulumi.{stack}.yaml; stacks: {', '.join(known)}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.deploy", description=__doc__)
     parser.add_argument("action", choices=ACTIONS)
@@ -76,11 +118,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        run(args.action, open_stack(args.stack, args.project_dir), diff=args.diff)
+        check_project(args.project_dir, args.stack)
+        stack = open_stack(args.stack, args.project_dir, pulumi=pulumi_cli())
+        run(args.action, stack, diff=args.diff)
+    except DeployError as exc:
+        print(f"deploy: {exc}", file=sys.stderr)
+        return 2
     except auto.CommandError as exc:
         # the engine's own output went to stdout already; this names the failed command
         print(f"deploy: {args.action} --stack {args.stack}: failed:\n{exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(
+            f"deploy: {args.action} --stack {args.stack}: interrupted; if the stack stays "
+            "locked, `pulumi cancel` releases it",
+            file=sys.stderr,
+        )
+        return 130
     return 0
 
 

@@ -10,13 +10,15 @@ the output directory is replaced only when everything succeeded.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import kubernetes_validate  # pyright: ignore[reportMissingTypeStubs]
 import yaml
@@ -38,9 +40,11 @@ from infra.offline import (
 )
 from infra.stackfiles import StackFileError, stack_config
 from plugin.config import ConfigError
+from plugin.userfiles import MAX_FILE_BYTES, UnreadableError, read_text
 
 KUBERNETES_VERSION = "1.34.0"
-# Written into every directory a render makes: only such a directory is ever replaced.
+# Written into every directory a render makes, listing what it wrote: only a directory that
+# holds nothing else, unchanged, is ever replaced.
 MARKER = ".lingjun-render"
 
 
@@ -106,31 +110,50 @@ def plan_markdown(stack: str, result: RunResult, files: list[str]) -> str:
 
 
 def check_out(out: Path) -> None:
-    """`out` must be new, empty, or a previous render's (it holds MARKER): render replaces it
-    as a whole, and must never delete what it did not write."""
+    """`out` must be new, empty, or hold only what a render wrote, unchanged (its MARKER lists
+    each file with its size and digest): render replaces it as a whole, and must never delete
+    what it did not write."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise OutputError(f"--out {out}: not a directory: name a new or empty directory")
-    if out.is_dir():
-        try:
-            entries = sorted(p.name for p in out.iterdir())
-        except OSError as exc:
-            raise OutputError(f"--out {out}: {exc.strerror}") from None
-        if entries and MARKER not in entries and not _older_render(out, entries):
-            shown = ", ".join(entries[:3]) + (", …" if len(entries) > 3 else "")
-            raise OutputError(
-                f"--out {out}: holds files a render did not write ({shown}): it would be "
-                "replaced as a whole; name a new or empty directory, or one a render wrote"
-            )
-
-
-def _older_render(out: Path, entries: list[str]) -> bool:
-    """A render from before MARKER: plan.md in its own words, and nothing but YAML beside it."""
-    if "plan.md" not in entries or any(n != "plan.md" and not n.endswith(".yaml") for n in entries):
-        return False
+    if not out.is_dir():
+        return
     try:
-        return (out / "plan.md").read_text().startswith("# Plan: stack `")
-    except (OSError, UnicodeDecodeError):
-        return False
+        entries = sorted(p.name for p in out.iterdir())
+    except OSError as exc:
+        raise OutputError(f"--out {out}: {exc.strerror}") from None
+    if not entries:
+        return
+    written = _written(out) if MARKER in entries else {}
+    foreign = [
+        n for n in entries if n != MARKER and (n not in written or _digest(out / n) != written[n])
+    ]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
+        raise OutputError(
+            f"--out {out}: holds files a render did not write, or changed since ({shown}): it "
+            "would be replaced as a whole; move them away, or name a new or empty directory"
+        )
+
+
+def _written(out: Path) -> dict[str, list[object]]:
+    """What the render that made `out` wrote there: name -> [size, sha256]; {} when unknown."""
+    try:
+        data: object = json.loads(read_text(out / MARKER))
+    except (UnreadableError, ValueError):
+        return {}
+    files = cast(dict[str, object], data).get("files") if isinstance(data, dict) else None
+    return cast(dict[str, list[object]], files) if isinstance(files, dict) else {}
+
+
+def _digest(path: Path) -> list[object] | None:
+    """[size, sha256] of a regular file (read only when it is one, and small); else None."""
+    try:
+        st = path.lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:
+            return None
+        return [st.st_size, hashlib.sha256(path.read_bytes()).hexdigest()]
+    except OSError:
+        return None
 
 
 def render(stack: str, out: Path, overrides: list[str] | None = None) -> list[Path]:
@@ -161,10 +184,18 @@ def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any
     old = staging.with_name(staging.name + ".old")
     try:
         names = [file_name(m) for m in objects]
-        for name, manifest in zip(names, objects, strict=True):
-            (staging / name).write_text(yaml.dump(manifest, Dumper=_Dumper, sort_keys=False))
-        (staging / "plan.md").write_text(plan_markdown(stack, result, names))
-        (staging / MARKER).write_text(f"written by python -m infra.render --stack {stack}\n")
+        texts = {
+            name: yaml.dump(manifest, Dumper=_Dumper, sort_keys=False)
+            for name, manifest in zip(names, objects, strict=True)
+        }
+        texts["plan.md"] = plan_markdown(stack, result, names)
+        files: dict[str, list[object]] = {}
+        for name, text in texts.items():
+            data = text.encode()
+            (staging / name).write_bytes(data)
+            files[name] = [len(data), hashlib.sha256(data).hexdigest()]
+        marker = {"writer": f"python -m infra.render --stack {stack}", "files": files}
+        (staging / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
         if out.exists():
             out.rename(old)
         staging.rename(out)

@@ -4,33 +4,48 @@ defaults, then stacks/Pulumi.<stack>.yaml, then KEY=VALUE overrides (mocks read 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
-
 from infra.config import (
-    CREDENTIAL_KEYS,
     PROJECT,
     PROJECT_DIR,
     StackConfigError,
+    shown,
     unknown_key_problems,
 )
+from infra.credentials import CREDENTIAL_KEYS
 from infra.offline import SECRET
+from plugin.userfiles import ParseError, UnreadableError, parse_yaml, read_text
 
 
 class StackFileError(ValueError):
     """A stack file, project file or override that cannot be read: one line naming it."""
 
 
+# What the Pulumi CLI accepts as a stack name.
+_STACK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+
+
+def find_stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> Path:
+    """stacks/Pulumi.<stack>.yaml, or StackFileError naming the stacks there are."""
+    if not _STACK_NAME.fullmatch(stack):
+        raise StackFileError(
+            f"--stack {stack!r}: a stack name is 1-100 letters, digits, '_', '.' or '-'"
+        )
+    path = project_dir / "stacks" / f"Pulumi.{stack}.yaml"
+    if not path.is_file():
+        known = sorted(p.name.split(".")[1] for p in (project_dir / "stacks").glob("Pulumi.*.yaml"))
+        raise StackFileError(f"--stack {stack}: no {path}; stacks: {', '.join(known) or 'none'}")
+    return path
+
+
 def stack_config(
     stack: str, overrides: list[str] | None = None, project_dir: Path = PROJECT_DIR
 ) -> tuple[dict[str, str], list[str]]:
     """Pulumi.yaml defaults, then stacks/Pulumi.<stack>.yaml, then KEY=VALUE overrides."""
-    stack_file = project_dir / "stacks" / f"Pulumi.{stack}.yaml"
-    if not stack_file.is_file():
-        known = sorted(p.name.split(".")[1] for p in (project_dir / "stacks").glob("Pulumi.*.yaml"))
-        raise StackFileError(f"--stack {stack}: no {stack_file}; stacks: {', '.join(known)}")
+    stack_file = find_stack_file(stack, project_dir)
     defaults = _config_section(project_dir / "Pulumi.yaml", required=False)
     values = _config_section(stack_file, required=True)
     config: dict[str, str] = {}
@@ -49,7 +64,7 @@ def stack_config(
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise StackFileError(
-                f"--set {item!r}: expected KEY=VALUE, e.g. --set nonHostNetwork=true"
+                f"--set {shown(item)}: expected KEY=VALUE, e.g. --set nonHostNetwork=true"
             )
         config[_qualify(key)] = value
         if key in CREDENTIAL_KEYS and _qualify(key) not in secret_keys:
@@ -66,12 +81,8 @@ def _config_section(path: Path, *, required: bool) -> dict[str, Any]:
     """The `config:` mapping of a Pulumi project or stack file, or StackFileError in one line."""
     where = path.relative_to(PROJECT_DIR) if path.is_relative_to(PROJECT_DIR) else path
     try:
-        doc: Any = yaml.safe_load(path.read_text())
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise StackFileError(f"{where}: {at}{exc.problem or exc}") from None
-    except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
+        doc: Any = parse_yaml(read_text(path))
+    except (UnreadableError, ParseError) as exc:
         raise StackFileError(f"{where}: {exc}") from None
     if doc is None:
         if required:

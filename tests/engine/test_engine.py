@@ -138,7 +138,7 @@ def test_a_plain_text_kubeconfig_with_a_token_is_refused_before_any_resource(
 
     output, _ = _failed("preview", "local-plaintext", workspace, engine_env)
 
-    assert "lingjun-rdma:kubeconfig: holds a credential" in output
+    assert "lingjun-rdma:kubeconfig: holds what may be a credential (users[0].user.token)" in output
     assert "pulumi config set --secret lingjun-rdma:kubeconfig" in output
     assert "kubernetes:core/v1:Namespace" not in output  # nothing planned
 

@@ -12,14 +12,17 @@ from infra.config import (
     KubeconfigCluster,
     StackConfig,
     StackConfigError,
-    is_pinned,
     known_keys,
     parse,
 )
+from infra.images import is_pinned
 from infra.jobs import JobSpecError, RdmaJobSpec, resolve_host_network
 from infra.offline import RecordingMocks, run_program
 from infra.stackfiles import stack_config
+from plugin.launch import RESCAN_INTERVAL_RANGE
 from tests.infra.conftest import STACKS
+
+LOW, HIGH = RESCAN_INTERVAL_RANGE
 
 
 def _raw(stack: str = "dev", **overrides: str) -> dict[str, str]:
@@ -174,7 +177,7 @@ def test_a_rescan_interval_the_plugin_would_refuse_is_refused_at_preview() -> No
     message = _error(rdmaRescanInterval="0")
 
     assert message == (
-        "lingjun-rdma:rdmaRescanInterval: must be a number of seconds > 0 "
+        f"lingjun-rdma:rdmaRescanInterval: must be {LOW:g}-{HIGH:g} seconds "
         "(pulumi config set lingjun-rdma:rdmaRescanInterval 5)"
     )
 
@@ -302,7 +305,10 @@ current-context: c
 def test_kubeconfig_with_a_credential_in_plain_text_is_refused() -> None:
     message = _error("local", kubeconfig=TOKEN_KUBECONFIG)
 
-    assert "lingjun-rdma:kubeconfig: holds a credential (token, key or password)" in message
+    assert (
+        "lingjun-rdma:kubeconfig: holds what may be a credential (users[0].user.token) in "
+        "plain text" in message
+    )
     assert "pulumi config set --secret lingjun-rdma:kubeconfig < ~/.kube/config" in message
     assert isinstance(
         parse(_raw("local", kubeconfig=TOKEN_KUBECONFIG), frozenset({"kubeconfig"})), StackConfig

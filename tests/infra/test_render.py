@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import kubernetes_validate
@@ -22,7 +23,7 @@ from infra.offline import (
     RunResult,
     check_unique,
 )
-from infra.render import KUBERNETES_VERSION, MARKER, main, render, validate
+from infra.render import KUBERNETES_VERSION, MARKER, OutputError, main, render, validate
 from infra.stackfiles import StackFileError, stack_config
 from tests.infra.conftest import STACKS, run
 
@@ -125,15 +126,40 @@ def test_failed_render_leaves_the_previous_output_untouched(tmp_path: Path) -> N
 
 def test_a_render_replaces_its_own_previous_output_as_a_whole(tmp_path: Path) -> None:
     out = tmp_path / "dev"
-    render("dev", out)
-    (out / "job-lingjun-rdma-stale.yaml").write_text("from an older render\n")
+    dev = render("dev", out)
 
     files = render("local", out)
 
-    assert out / "job-lingjun-rdma-stale.yaml" not in files
+    assert {p.name for p in dev} - {p.name for p in files}  # dev's own extra files went
     assert (out / MARKER).is_file()
     assert "stack `local`" in (out / "plan.md").read_text()
     assert [p.name for p in tmp_path.iterdir()] == ["dev"]
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda out: (out / "notes.txt").write_text("mine"), "notes.txt"),
+        (lambda out: (out / "keep").mkdir(), "keep"),
+        (lambda out: (out / "plan.md").write_text("# my edits\n"), "plan.md"),
+        (lambda out: (out / MARKER).write_text("{}"), "…"),  # a list that lists nothing
+    ],
+    ids=["added-file", "added-dir", "edited-file", "emptied-list"],
+)
+def test_a_render_never_deletes_what_it_did_not_write(
+    tmp_path: Path, change: Callable[[Path], object], named: str
+) -> None:
+    out = tmp_path / "dev"
+    render("dev", out)
+    change(out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    done = _render_cli(tmp_path, "--out", "dev")
+
+    assert done.returncode == 2, done.stderr
+    assert "holds files a render did not write, or changed since (" in done.stderr
+    assert named in done.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
 def _render_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -153,22 +179,24 @@ def test_out_dot_in_a_directory_of_other_files_is_refused_and_deletes_nothing(
     done = _render_cli(tmp_path, "--out", ".")
 
     assert done.returncode == 2
-    assert "holds files a render did not write (notes.txt, src)" in done.stderr
+    assert "holds files a render did not write, or changed since (notes.txt, src)" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "src"]
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
-def test_a_render_from_before_the_marker_is_still_replaced(tmp_path: Path) -> None:
+def test_a_render_without_the_list_of_what_it_wrote_is_refused_not_deleted(
+    tmp_path: Path,
+) -> None:
     old = tmp_path / "dev"
     old.mkdir()
     (old / "plan.md").write_text("# Plan: stack `dev` (offline render, Pulumi mocks)\n")
-    (old / "daemonset-lingjun-rdma-rdma-device-plugin.yaml").write_text("kind: DaemonSet\n")
+    (old / MARKER).write_text("written by python -m infra.render --stack dev\n")
 
-    files = render("dev", old)
+    with pytest.raises(OutputError, match=r"did not write, or changed since \(plan.md\)"):
+        render("dev", old)
 
-    assert old / MARKER in files
-    assert (old / "plan.md").read_text().startswith("# Plan: stack `dev`")
+    assert sorted(p.name for p in old.iterdir()) == [MARKER, "plan.md"]
 
 
 def test_a_directory_with_a_plan_md_of_its_own_is_not_taken_for_a_render(tmp_path: Path) -> None:

@@ -1,0 +1,111 @@
+"""Credentials in stack config: a value that may hold one is refused in plain text (it must be
+stored with `pulumi config set --secret`). What a plain kubeconfig may hold is listed, not
+what it may not: a field this list does not know could be a credential, so it needs --secret."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+from plugin.userfiles import ParseError, parse_yaml
+
+# Keys whose every value is a credential.
+SECRET_KEYS = ("registryPassword",)
+# The kubeconfig: a credential unless everything in it is on these lists.
+KUBECONFIG = "kubeconfig"
+CREDENTIAL_KEYS = (*SECRET_KEYS, KUBECONFIG)
+
+_TOP = {"apiVersion", "kind", "clusters", "users", "contexts", "current-context", "preferences"}
+_NAMED = {
+    # list key -> (entry key, fields that hold no secret)
+    "clusters": (
+        "cluster",
+        {
+            "server",
+            "certificate-authority",
+            "certificate-authority-data",  # a CA certificate is public
+            "insecure-skip-tls-verify",
+            "tls-server-name",
+            "proxy-url",
+            "disable-compression",
+        },
+    ),
+    # files named by path, and identities: no secret inline
+    "users": (
+        "user",
+        {
+            "client-certificate",
+            "client-certificate-data",  # the certificate, not its key
+            "client-key",
+            "tokenFile",
+            "username",
+            "as",
+            "as-uid",
+            "as-groups",
+        },
+    ),
+    "contexts": ("context", {"cluster", "user", "namespace"}),
+}
+_URLS = {"server", "proxy-url"}
+
+
+def plaintext_problems(raw: Mapping[str, str], secret: Set[str]) -> list[tuple[str, str]]:
+    """(key, why) for each credential-bearing key stored in plain text. `why` names where the
+    credential may be, never its value."""
+    problems = [(k, "stored in plain text") for k in SECRET_KEYS if k in raw and k not in secret]
+    kubeconfig = raw.get(KUBECONFIG)
+    if kubeconfig is not None and KUBECONFIG not in secret:
+        where = kubeconfig_credential(kubeconfig)
+        if where is not None:
+            problems.append((KUBECONFIG, f"holds what may be a credential ({where}) in plain text"))
+    return problems
+
+
+def kubeconfig_credential(text: str) -> str | None:
+    """Where in a kubeconfig a credential may be (`users[0].user.token`), or None when every
+    field is one known to hold none."""
+    try:
+        doc: Any = parse_yaml(text)
+    except ParseError:
+        return "it is not YAML, so it cannot be checked"
+    if not isinstance(doc, dict):
+        return "it is not a mapping, so it cannot be checked"
+    top = cast(dict[str, Any], doc)
+    for key, value in top.items():
+        if key not in _TOP:
+            return key
+        if key in _NAMED and value is not None:
+            where = _entries(key, value)
+            if where is not None:
+                return where
+    return None
+
+
+def _entries(key: str, value: object) -> str | None:
+    entry_key, allowed = _NAMED[key]
+    if not isinstance(value, list):
+        return key
+    for i, item in enumerate(cast(list[object], value)):
+        if not isinstance(item, dict):
+            return f"{key}[{i}]"
+        entry = cast(dict[str, object], item)
+        for name in entry:
+            if name not in ("name", entry_key):
+                return f"{key}[{i}].{name}"
+        fields: object = entry.get(entry_key) or {}
+        if not isinstance(fields, dict):
+            return f"{key}[{i}].{entry_key}"
+        for field, v in cast(dict[str, object], fields).items():
+            if field not in allowed:
+                return f"{key}[{i}].{entry_key}.{field}"
+            if field in _URLS and _has_userinfo(v):
+                return f"{key}[{i}].{entry_key}.{field} (a login in the URL)"
+    return None
+
+
+def _has_userinfo(url: object) -> bool:
+    try:
+        return isinstance(url, str) and "@" in urlsplit(url).netloc
+    except ValueError:
+        return True

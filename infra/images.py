@@ -1,0 +1,42 @@
+"""Container image references: the grammar the registries use (distribution/reference), and
+what counts as pinned. A value that is not a reference is never quoted back: a registry login
+pasted into one (`user:password@registry/...`) must not reach a log."""
+
+from __future__ import annotations
+
+import re
+
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+_REFERENCE = re.compile(
+    rf"(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*(?::{_TAG})?(?:@{_DIGEST})?"
+)
+MAX_NAME_LENGTH = 255  # the repository name, domain included
+FORM = "[registry[:port]/]repository[:tag][@sha256:digest]"
+
+
+def reference_problem(image: str) -> str | None:
+    """Why `image` is not an image reference (without quoting it), or None."""
+    if not _REFERENCE.fullmatch(image):
+        return (
+            f"not an image reference ({FORM}); a registry login never goes in one: "
+            "use registryUsername and registryPassword"
+        )
+    name = image.partition("@")[0]
+    last = name.rpartition("/")[2]
+    if ":" in last:  # a tag, not a registry's port
+        name = name[: len(name) - len(last) + last.index(":")]
+    if len(name) > MAX_NAME_LENGTH:
+        return f"its repository name is over {MAX_NAME_LENGTH} characters"
+    return None
+
+
+def is_pinned(image: str) -> bool:
+    """True for `repo@sha256:…` or `repo:tag` (a colon after the last slash, so not a port)."""
+    if "@sha256:" in image:
+        return True
+    last = image.rsplit("/", 1)[-1]
+    return ":" in last and not last.endswith(":") and not image.endswith(":latest")
