@@ -14,6 +14,7 @@ import pytest
 
 from infra.config import (
     DURATION_RANGES,
+    MAX_NODE_COUNT,
     PROJECT,
     PROJECT_DIR,
     StackConfig,
@@ -23,7 +24,10 @@ from infra.config import (
 )
 from infra.images import reference_problem
 from infra.stackfiles import StackFileError, stack_config
+from plugin.config import MAX_ALLOCATIONS_LIMIT, MAX_POOLS
+from plugin.kubelet import MAX_UNIX_PATH
 from plugin.launch import RESCAN_INTERVAL_RANGE
+from plugin.userfiles import MAX_DIGITS, MAX_FILE_BYTES
 
 SENTINEL = "s3cr3t-Zq9"  # a value that must never appear in what the project writes
 
@@ -229,3 +233,24 @@ def test_deploy_that_cannot_start_says_why_in_one_line(
     assert "Traceback" not in done.stderr
     (line,) = done.stderr.splitlines()
     assert said in line
+
+
+def test_the_readme_states_every_range_as_the_code_defines_it() -> None:
+    readme = (PROJECT_DIR / "README.md").read_text()
+    low, high = RESCAN_INTERVAL_RANGE
+    rows = {
+        "`--rescan-interval`, `rdmaRescanInterval`": f"{low:g}-{high:g} s",
+        "`maxAllocations`, `rdmaMaxAllocations`": f"1-{MAX_ALLOCATIONS_LIMIT}",
+        "pools in the plugin config": f"1-{MAX_POOLS}",
+        "a file the project reads; a number in it": (
+            f"{MAX_FILE_BYTES >> 20} MiB; {MAX_DIGITS} digits"
+        ),
+        "socket path in `--device-plugin-dir`": f"{MAX_UNIX_PATH} bytes (grpc's limit)",
+        "`lingjunNodeCount`": f"0-{MAX_NODE_COUNT}",
+        **{
+            f"`{key}`": f"{format_seconds(lo)}-{format_seconds(hi)}"
+            for key, (lo, hi) in DURATION_RANGES.items()
+        },
+    }
+    for value, stated in rows.items():
+        assert f"  | {value} | {stated} |" in readme, value
