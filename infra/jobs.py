@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.images import reference_problem
+
 RDMA_CAPABILITIES = ("SYS_RESOURCE", "IPC_LOCK")  # raise the memlock limit; pin RDMA buffers
 SHM_SIZE = "8Gi"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
@@ -63,6 +65,25 @@ class RdmaJobSpec:
     node_selector: Mapping[str, str] = field(default_factory=dict[str, str])
     tolerate_all: bool = True
     backoff_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        problem = reference_problem(self.image)
+        if problem is not None:
+            raise JobSpecError(f"Job {self.name}: image: {problem}")
+        for name, (low, high) in JOB_RANGES.items():
+            value: int | None = getattr(self, name)
+            if value is not None and not low <= value <= high:
+                raise JobSpecError(f"Job {self.name}: {name}: {value} is not within {low}-{high}")
+
+
+# The range of each count of an RdmaJobSpec: a node's GPUs and RDMA units, a Job's pods.
+JOB_RANGES = {
+    "gpus": (0, 16),
+    "rdma": (0, 64),
+    "parallelism": (1, 10_000),
+    "completions": (1, 100_000),
+    "backoff_limit": (0, 1000),
+}
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from infra.config import (
     parse,
 )
 from infra.images import reference_problem
+from infra.jobs import JOB_RANGES, JobSpecError, RdmaJobSpec
 from infra.stackfiles import StackFileError, stack_config
 from plugin.config import MAX_ALLOCATIONS_LIMIT, MAX_POOLS
 from plugin.kubelet import MAX_UNIX_PATH
@@ -252,5 +253,28 @@ def test_the_readme_states_every_range_as_the_code_defines_it() -> None:
             for key, (lo, hi) in DURATION_RANGES.items()
         },
     }
+    rows[", ".join(f"`{n}`" for n in JOB_RANGES).join(("`RdmaJobSpec` ", ""))] = ", ".join(
+        f"{lo}-{hi}" for lo, hi in JOB_RANGES.values()
+    )
     for value, stated in rows.items():
         assert f"  | {value} | {stated} |" in readme, value
+
+
+@pytest.mark.parametrize(("field", "bounds"), sorted(JOB_RANGES.items()))
+def test_an_rdma_job_spec_count_outside_its_range_is_refused(
+    field: str, bounds: tuple[int, int]
+) -> None:
+    low, high = bounds
+    RdmaJobSpec(name="j", image="busybox:1.36", command=("true",), **{field: high})
+
+    for value in (low - 1, high + 1):
+        with pytest.raises(JobSpecError, match=f"Job j: {field}: {value} is not within"):
+            RdmaJobSpec(name="j", image="busybox:1.36", command=("true",), **{field: value})
+
+
+def test_an_rdma_job_spec_with_a_login_in_its_image_is_refused_without_quoting_it() -> None:
+    with pytest.raises(JobSpecError) as caught:
+        RdmaJobSpec(name="j", image=f"u:{SENTINEL}@registry.example.com/x:1", command=("true",))
+
+    assert "Job j: image: not an image reference" in str(caught.value)
+    assert SENTINEL not in str(caught.value)
