@@ -195,7 +195,7 @@ def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any
             (staging / name).write_bytes(data)
             files[name] = [len(data), hashlib.sha256(data).hexdigest()]
         marker = {"writer": f"python -m infra.render --stack {stack}", "files": files}
-        (staging / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+        (staging / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n")
         if out.exists():
             out.rename(old)
         staging.rename(out)
