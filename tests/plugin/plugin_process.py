@@ -50,6 +50,11 @@ class PluginProcess:
         self.log = root / "plugin.log"
         self.proc: asyncio.subprocess.Process | None = None
 
+    def twin(self, root: Path) -> PluginProcess:
+        """A second instance on the same device-plugins dir and trees, logging under `root`."""
+        root.mkdir()
+        return PluginProcess(root, self.plugin_dir, sysfs=self.sysfs, dev=self.dev)
+
     def spec(self, config: Path | None = None, **overrides: Any) -> LaunchSpec:
         """What every test here launches, as the launch contract says it; `overrides` are
         LaunchSpec fields (rescan_interval=600, discovery="auto")."""

@@ -268,9 +268,7 @@ async def test_a_second_instance_on_the_same_dir_waits_and_takes_over_when_the_f
 ) -> None:
     await plugin.start()
     await kubelet.wait_registrations(1)
-    second_root = short_tmp / "second"
-    second_root.mkdir()
-    second = PluginProcess(second_root, plugin_dir, sysfs=tree.sys, dev=tree.dev)
+    second = plugin.twin(short_tmp / "second")
     await second.start()
     try:
         assert plugin.proc is not None

@@ -23,6 +23,15 @@ SOCKET = socket_name("rdma/hca")
 AT_ONCE = 5.0
 
 
+async def _a_kubelet_starting_is_registered_with(plugin_dir: Path) -> None:
+    peer = KubeletPeer(plugin_dir)
+    await peer.start()
+    try:
+        await peer.wait_registrations(1, limit=15)
+    finally:
+        await peer.stop()
+
+
 def _regular_file(path: Path) -> None:
     path.write_text("")
 
@@ -64,12 +73,7 @@ async def test_a_kubelet_sock_that_is_not_a_listening_kubelet_is_said_at_once_th
         kubelet_sock.rmdir()
     else:
         kubelet_sock.unlink()
-    peer = KubeletPeer(plugin_dir)
-    await peer.start()
-    try:
-        await peer.wait_registrations(1, limit=15)
-    finally:
-        await peer.stop()
+    await _a_kubelet_starting_is_registered_with(plugin_dir)
 
 
 async def test_no_kubelet_yet_is_said_at_once(plugin: PluginProcess, plugin_dir: Path) -> None:
@@ -95,12 +99,7 @@ async def test_a_device_plugins_dir_that_is_a_file_is_said_at_once_and_served_on
 
     os.unlink(plugin_dir)
     os.mkdir(plugin_dir)
-    peer = KubeletPeer(plugin_dir)
-    await peer.start()
-    try:
-        await peer.wait_registrations(1, limit=15)
-    finally:
-        await peer.stop()
+    await _a_kubelet_starting_is_registered_with(plugin_dir)
 
 
 async def test_a_socket_path_exactly_at_the_limit_is_served_and_registered(
@@ -146,9 +145,7 @@ async def test_ctrl_c_on_an_instance_waiting_for_the_lock_is_one_line(
 ) -> None:
     await plugin.start()
     await kubelet.wait_registrations(1)
-    second_root = short_tmp / "second"
-    second_root.mkdir()
-    second = PluginProcess(second_root, plugin_dir, sysfs=tree.sys, dev=tree.dev)
+    second = plugin.twin(short_tmp / "second")
     await second.start()
     try:
         await second.said("waiting for it to stop")
