@@ -128,8 +128,17 @@ class DirWatcher:
             | self._IN_MOVE_SELF
         )
         backoff = _RETRY_START
+        said = None
         while self._libc.inotify_add_watch(self._fd, bytes(self.directory), mask) < 0:
-            logger.warning("waiting for %s to exist (retry in %.1fs)", self.directory, backoff)
+            why = os.strerror(ctypes.get_errno())  # e.g. no such dir, or the inotify watch limit
+            logger.log(
+                logging.DEBUG if why == said else logging.WARNING,
+                "cannot watch %s (%s): looking again in %.1fs",
+                self.directory,
+                why,
+                backoff,
+            )
+            said = why
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _RETRY_MAX)
 

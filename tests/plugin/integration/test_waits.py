@@ -102,6 +102,19 @@ async def test_a_device_plugins_dir_that_is_a_file_is_said_at_once_and_served_on
     await _a_kubelet_starting_is_registered_with(plugin_dir)
 
 
+async def test_a_missing_device_plugins_dir_is_said_at_once_and_served_once_made(
+    plugin: PluginProcess, plugin_dir: Path
+) -> None:
+    os.rmdir(plugin_dir)
+    await plugin.start()
+
+    await plugin.said(f"cannot serve {plugin_dir / SOCKET}: {plugin_dir} does not exist")
+    await plugin.said(f"cannot watch {plugin_dir} (No such file or directory)")
+
+    os.mkdir(plugin_dir)
+    await _a_kubelet_starting_is_registered_with(plugin_dir)
+
+
 async def test_a_socket_path_exactly_at_the_limit_is_served_and_registered(
     short_tmp: Path, tree: SysfsTree
 ) -> None:
