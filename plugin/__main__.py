@@ -1,5 +1,9 @@
 import sys
 
-from plugin.cli import main
+try:
+    from plugin.cli import main
 
-sys.exit(main())
+    sys.exit(main())
+except KeyboardInterrupt:  # before the CLI's own handling: while Python imports it
+    print("rdma-device-plugin: interrupted before serving", file=sys.stderr)
+    sys.exit(130)

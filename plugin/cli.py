@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         ", ".join(f"{p.resource_name} ({p.mode})" for p in config.pools),
     )
     try:
-        with instance.acquire(spec.device_plugin_dir):
+        with instance.held(spec.device_plugin_dir):
             return asyncio.run(supervisor.run(spec, config, discovery))
     except instance.LockError as exc:
         print(f"rdma-device-plugin: --device-plugin-dir {exc}", file=sys.stderr)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast, get_args
 
-from plugin.userfiles import ParseError, UnreadableError, parse_yaml, read_text
+from plugin.userfiles import ParseError, UnreadableError, parse_yaml, read_text, shown
 
 # Paths and ports the DaemonSet and the CLI must agree on.
 DEFAULT_CONFIG_PATH = Path("/etc/lingjun-rdma/plugin.yaml")
@@ -24,6 +24,8 @@ MAX_ALLOCATIONS_LIMIT = 100_000
 MAX_ID_LENGTH = 63
 # Each pool is a socket and a grpc server: a node has at most a few tens of HCAs to split.
 MAX_POOLS = 64
+# Device IDs of all pools together: each is held and listed to the kubelet on every change.
+MAX_DEVICE_IDS = MAX_ALLOCATIONS_LIMIT
 
 Version = Literal["v1"]
 Mode = Literal["shared", "exclusive"]
@@ -71,14 +73,14 @@ def check_resource_name(resource_name: str, *, field: str) -> None:
     prefix, sep, name = resource_name.partition("/")
     fix = "use <domain>/<name>, e.g. rdma/hca"
     if not sep or not prefix or not name:
-        raise ConfigError(f"{field}: {resource_name!r} is not <prefix>/<name>: {fix}")
+        raise ConfigError(f"{field}: {shown(resource_name)} is not <prefix>/<name>: {fix}")
     if len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
-        raise ConfigError(f"{field}: prefix {prefix!r} is not a DNS subdomain: {fix}")
+        raise ConfigError(f"{field}: prefix {shown(prefix)} is not a DNS subdomain: {fix}")
     if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
         raise ConfigError(f"{field}: the kubernetes.io domain is reserved: {fix}")
     if len(name) > 63 or not _NAME_PART.match(name):
         raise ConfigError(
-            f"{field}: name {name!r} must be 1-63 letters, digits, '-', '_' or '.', "
+            f"{field}: name {shown(name)} must be 1-63 letters, digits, '-', '_' or '.', "
             f"starting and ending alphanumeric: {fix}"
         )
 
@@ -143,17 +145,24 @@ class PluginConfig:
                 f"{len(self.pools)} pools: at most {MAX_POOLS} (each is a socket and a server)",
                 field="pools",
             )
+        ids = sum(p.max_allocations for p in self.pools if p.mode == "shared")
+        if ids > MAX_DEVICE_IDS:
+            raise ConfigError(
+                f"the shared pools' maxAllocations add up to {ids}: at most {MAX_DEVICE_IDS} "
+                "device IDs in all (each is held and listed to the kubelet)",
+                field="pools",
+            )
         names = [p.name for p in self.pools]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:  # unique names also keep resource names and socket names unique
-            raise ConfigError(f"duplicate pool name {dupes[0]!r}: give each pool its own name")
+            raise ConfigError(f"duplicate pool name {shown(dupes[0])}: give each pool its own name")
         exclusive = [p for p in self.pools if p.mode == "exclusive"]
         for i, a in enumerate(exclusive):
             for b in exclusive[i + 1 :]:
                 if a.selector == b.selector:
                     raise ConfigError(
-                        f"exclusive pools {a.name!r} and {b.name!r} select the same HCAs: "
-                        "make their selectors disjoint"
+                        f"exclusive pools {shown(a.name)} and {shown(b.name)} select the same "
+                        "HCAs: make their selectors disjoint"
                     )
 
     def to_file(self) -> str:
@@ -235,7 +244,7 @@ class _Reader:
     def _mapping(self, data: object, loc: Loc, cls: type) -> dict[str, object] | None:
         """`data`'s keys as `cls`'s field names; unknown keys are problems."""
         if not isinstance(data, dict):
-            self._fail(loc, f"expected a mapping, got {data!r}: fix this value")
+            self._fail(loc, f"expected a mapping, got {shown(data)}: fix this value")
             return None
         names = {_camel(f.name): f.name for f in fields(cls)}
         read: dict[str, object] = {}
@@ -273,7 +282,9 @@ class _Reader:
                 items = cast(list[object], raw)
                 kwargs["pools"] = tuple(self.pool(p, ("pools", i)) for i, p in enumerate(items))
             else:
-                self._fail(("pools",), f"expected a list of pools, got {raw!r}: fix this value")
+                self._fail(
+                    ("pools",), f"expected a list of pools, got {shown(raw)}: fix this value"
+                )
         if self.problems:
             return None
         return self._build((), lambda: PluginConfig(**kwargs))
@@ -292,7 +303,7 @@ class _Reader:
             where = (*loc, "maxAllocations")
             slots = read["max_allocations"]
             if isinstance(slots, bool) or not isinstance(slots, int):
-                self._fail(where, f"{slots!r} is not a whole number: fix this value")
+                self._fail(where, f"{shown(slots)} is not a whole number: fix this value")
             elif kwargs.get("mode") == "exclusive":
                 self._fail(
                     where,
@@ -321,23 +332,25 @@ class _Reader:
     def _str(self, value: object, loc: Loc) -> str | None:
         if isinstance(value, str):
             return value
-        self._fail(loc, "missing: set it" if value is None else f"{value!r} is not text")
+        self._fail(loc, "missing: set it" if value is None else f"{shown(value)} is not text")
         return None
 
     def _bool(self, value: object, loc: Loc) -> bool | None:
         if isinstance(value, bool):
             return value
-        self._fail(loc, f"{value!r} is not true or false: fix this value")
+        self._fail(loc, f"{shown(value)} is not true or false: fix this value")
         return None
 
     def _strs(self, value: object, loc: Loc) -> tuple[str, ...] | None:
         if isinstance(value, list) and all(isinstance(v, str) for v in cast(list[object], value)):
             return tuple(cast(list[str], value))
-        self._fail(loc, f"expected a list of text, got {value!r}: fix this value")
+        self._fail(
+            loc, f"expected a list of text, got {shown(cast(object, value))}: fix this value"
+        )
         return None
 
     def _choice(self, value: object, loc: Loc, choices: tuple[str, ...]) -> str | None:
         if isinstance(value, str) and value in choices:
             return value
-        self._fail(loc, f"{value!r} is not one of {', '.join(choices)}: fix this value")
+        self._fail(loc, f"{shown(value)} is not one of {', '.join(choices)}: fix this value")
         return None

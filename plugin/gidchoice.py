@@ -46,6 +46,10 @@ class PortGids:
     matches: dict[int, NsAddress]
 
 
+# The variables a Choice sets: the pod's own, never given from outside.
+COMPUTED = ("NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME")
+
+
 @dataclass(frozen=True)
 class Choice:
     family: Family
@@ -53,13 +57,15 @@ class Choice:
     ports: tuple[PortGids, ...]
 
     def env(self) -> dict[str, str]:
-        """NCCL's variables: exact-match HCA:port list, the GID index, the interface(s)."""
+        """NCCL's variables (COMPUTED): exact-match HCA:port list, the GID index, the
+        interface(s)."""
         ifnames = dict.fromkeys(p.matches[self.gid_index].ifname for p in self.ports)
-        return {
-            "NCCL_IB_HCA": "=" + ",".join(f"{p.hca}:{p.port}" for p in self.ports),
-            "NCCL_IB_GID_INDEX": str(self.gid_index),
-            "NCCL_SOCKET_IFNAME": "=" + ",".join(ifnames),
-        }
+        values = (
+            "=" + ",".join(f"{p.hca}:{p.port}" for p in self.ports),
+            str(self.gid_index),
+            "=" + ",".join(ifnames),
+        )
+        return dict(zip(COMPUTED, values, strict=True))
 
 
 def usable(addresses: Sequence[NsAddress], family: Family) -> list[NsAddress]:
@@ -102,6 +108,12 @@ def choose(hcas: Sequence[Hca], addresses: Sequence[NsAddress], family: Family) 
     NCCL takes one NCCL_IB_GID_INDEX for all HCAs: when the namespace's GID sits at different
     indexes on different HCAs, no single value is right, and that is an error, not a guess.
     """
+    inactive = [r for h in hcas if (r := h.inactive_reason()) is not None]
+    if inactive:
+        raise NoGidError(
+            f"{'; '.join(inactive)}: RDMA cannot use it now (the device plugin leaves such an "
+            "HCA out of new allocations: restart the pod once its link is up)"
+        )
     ports = [p for hca in hcas for p in port_gids(hca, addresses, family)]
     without = [h.name for h in hcas if not any(p.matches for p in ports if p.hca == h.name)]
     if not hcas or without:

@@ -14,7 +14,10 @@ import logging
 import os
 import socket
 import struct
+import threading
 import time
+from collections.abc import Generator
+from contextlib import contextmanager
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -34,8 +37,10 @@ def _name(plugin_dir: Path) -> bytes:
 
 
 def holder(plugin_dir: Path) -> int | None:
-    """The pid of the instance that serves `plugin_dir`, or None when there is none."""
+    """The pid of the instance that serves `plugin_dir`, or None when there is none (or it
+    cannot be asked: the connect is bounded)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
         try:
             probe.connect(_name(plugin_dir))
         except OSError:
@@ -44,9 +49,19 @@ def holder(plugin_dir: Path) -> int | None:
         return int(pid)
 
 
-def acquire(plugin_dir: Path, poll: float = 1.0) -> socket.socket:
-    """Hold the lock of `plugin_dir` (waiting while another instance holds it); keep the
-    returned socket open for as long as this process serves."""
+@contextmanager
+def held(plugin_dir: Path) -> Generator[None]:
+    """The lock of `plugin_dir`, held for the block (waiting first while another holds it)."""
+    lock = _acquire(plugin_dir)
+    try:
+        yield
+    finally:
+        lock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept; close alone would not
+        lock.close()
+
+
+def _acquire(plugin_dir: Path, poll: float = 1.0) -> socket.socket:
+    """The lock of `plugin_dir`, once no other instance holds it."""
     waiting_for: int | None = None
     while True:
         lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -59,7 +74,14 @@ def acquire(plugin_dir: Path, poll: float = 1.0) -> socket.socket:
                     f"{plugin_dir}: cannot take its one-instance lock ({exc.strerror})"
                 ) from None
             other = holder(plugin_dir)
-            if other is not None and other != waiting_for:
+            if other is None and waiting_for is None:
+                logger.warning(
+                    "another rdma-device-plugin holds %s (it does not say its pid yet): waiting "
+                    "for it to stop",
+                    plugin_dir,
+                )
+                waiting_for = 0
+            elif other is not None and other != waiting_for:
                 logger.warning(
                     "another rdma-device-plugin (pid %d) serves %s: waiting for it to stop "
                     "(two instances would take each other's socket)",
@@ -70,6 +92,20 @@ def acquire(plugin_dir: Path, poll: float = 1.0) -> socket.socket:
             time.sleep(poll)
             continue
         lock.listen(8)
+        # Each waiter asks who holds the lock by connecting: accept and drop those connections,
+        # or after a few the backlog is full and the next waiter's connect blocks for good.
+        threading.Thread(target=_answer, args=(lock,), name="instance-lock", daemon=True).start()
         if waiting_for is not None:
-            logger.info("pid %d stopped: serving %s", waiting_for, plugin_dir)
+            other = f"pid {waiting_for}" if waiting_for else "the other instance"
+            logger.info("%s stopped: serving %s", other, plugin_dir)
         return lock
+
+
+def _answer(lock: socket.socket) -> None:
+    """Accept and close every connection to the lock until it is closed."""
+    while True:
+        try:
+            conn, _ = lock.accept()
+        except OSError:  # the lock was closed: this process no longer serves
+            return
+        conn.close()

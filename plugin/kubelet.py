@@ -4,6 +4,7 @@ is re-created, our socket is deleted, or the kubelet ends ListAndWatch."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import stat
@@ -114,15 +115,10 @@ class Endpoint:
                 try:
                     await self._restart_server()
                 except (OSError, RuntimeError, grpc.aio.AioRpcError) as exc:
-                    # e.g. the device-plugins dir is missing, or a starting kubelet deleted the
-                    # socket before it answered; grpc's own "Failed to bind" says neither
+                    # e.g. the device-plugins dir is missing (said by _bind_problem), or a
+                    # starting kubelet deleted the socket before it answered
                     self.metrics.errors.labels(kind="serve").inc()
-                    why = why_not_writable(self.path.parent)
-                    self._waiting(
-                        f"cannot serve {self.path}: "
-                        + (f"{self.path.parent} {why}" if why else str(exc)),
-                        backoff,
-                    )
+                    self._waiting(f"cannot serve {self.path}: {exc}", backoff)
                     await self._sleep_unless_woken(backoff)
                     backoff = min(backoff * 2, _BACKOFF_MAX)
                     continue
@@ -209,7 +205,10 @@ class Endpoint:
         self._generation += 1
         if self._server is not None:
             await self._server.stop(grace=0)
-        self.path.unlink(missing_ok=True)
+        self._clear_path()
+        why = _bind_problem(self.path)
+        if why is not None:  # said plainly, and grpc's own error line never printed
+            raise OSError(why)
         server = grpc.aio.server()
         api_pb2_grpc.add_DevicePluginServicer_to_server(self._servicer, server)
         server.add_insecure_port(f"unix://{self.path}")
@@ -221,6 +220,23 @@ class Endpoint:
                 api_pb2.Empty(), timeout=5
             )
         logger.info("%s: serving %s", self.resource, self.path)
+
+    def _clear_path(self) -> None:
+        """Our socket's path freed: a stale socket of ours goes quietly, anything else is said."""
+        try:
+            mode = self.path.lstat().st_mode
+        except OSError:
+            return
+        if not stat.S_ISSOCK(mode):
+            logger.warning(
+                "%s: removing %s, %s where this plugin's socket goes",
+                self.resource,
+                self.path,
+                file_kind(mode),
+            )
+        # a dir with files in it stays: the bind then says it cannot make the socket
+        with contextlib.suppress(OSError):
+            self.path.rmdir() if stat.S_ISDIR(mode) else self.path.unlink()
 
     def _waiting(self, why: str, backoff: float) -> None:
         """Say at once what we wait for and why; a reason already said goes to debug."""
@@ -253,8 +269,8 @@ class Endpoint:
                         why = f"waiting for the kubelet: {kubelet} {exc}"
                     else:
                         why = (
-                            f"waiting for the kubelet: {kubelet} accepted no connection within "
-                            f"{_REGISTER_TIMEOUT:.0f}s"
+                            f"waiting for the kubelet: {kubelet} completed no gRPC connection "
+                            f"within {_REGISTER_TIMEOUT:.0f}s (a hung kubelet?)"
                         )
                 else:
                     self._registered_with = target
@@ -268,6 +284,21 @@ class Endpoint:
             if await self._sleep_unless_woken(backoff):
                 return False
             backoff = min(backoff * 2, _BACKOFF_MAX)
+
+
+def _bind_problem(path: Path) -> str | None:
+    """Why a unix socket cannot be bound at `path`, from the same bind made plainly (grpc says
+    only "Failed to bind"); None when it can."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(str(path))
+        except OSError as exc:
+            where = why_not_writable(path.parent)
+            if where is not None:
+                return f"{path.parent} {where}"
+            return f"a socket cannot be made there ({exc.strerror})"
+    path.unlink(missing_ok=True)
+    return None
 
 
 class UnreachableError(Exception):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from plugin.config import DEFAULT_CONFIG_PATH, DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_METRICS_PORT
+from plugin.userfiles import decimal
 
 DiscoveryKind = Literal["auto", "verbs", "sysfs"]
 # Seconds between periodic scans: shorter keeps a core re-reading sysfs (hundreds of GID files
@@ -63,10 +64,9 @@ class LaunchSpec:
 
     @property
     def metrics_port(self) -> int | None:
-        _, sep, port = self.metrics_address.rpartition(":")
-        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-            return None
-        return int(port)
+        _, sep, text = self.metrics_address.rpartition(":")
+        port = decimal(text) if sep else None
+        return port if port is not None and port <= 65535 else None
 
     def argv(self) -> list[str]:
         """The flags that launch exactly this spec, every one spelled out."""

@@ -141,14 +141,15 @@ async def serve_http(
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
-            path = request.split(b" ", 2)[1].decode() if request.count(b" ") >= 2 else ""
-            if path == "/metrics":
+            # bytes compared as bytes: a path that is not UTF-8 is just not one of ours
+            path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
+            if path == b"/metrics":
                 status, ctype, body = (
                     "200 OK",
                     CONTENT_TYPE,
                     metrics.render(),
                 )
-            elif path == "/healthz":
+            elif path == b"/healthz":
                 ok = healthy()
                 status = "200 OK" if ok else "503 Service Unavailable"
                 ctype, body = "text/plain", b"ok\n" if ok else b"not serving\n"
@@ -160,11 +161,12 @@ async def serve_http(
                 + body
             )
             await writer.drain()
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, IndexError):
-            pass
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass  # a slow, broken or oversized request (over the reader's 64 KiB) gets no answer
         finally:
             writer.close()
 
     server = await asyncio.start_server(handle, host or None, port)
-    logger.info("metrics and /healthz on %s:%d", host, port)
+    bound = ", ".join(f"{a[0]}:{a[1]}" for a in (s.getsockname() for s in server.sockets))
+    logger.info("metrics and /healthz on %s", bound)  # the port the kernel chose for :0
     return server

@@ -17,18 +17,23 @@ Exit codes: 0 printed, 1 no usable GID (the message names the HCAs, the addresse
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
+import re
 import socket
+import stat
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from plugin.discovery.model import Hca
 from plugin.discovery.sysfs import SysfsDiscovery
-from plugin.gidchoice import Choice, Family, NoGidError, choose
+from plugin.gidchoice import COMPUTED, Choice, Family, NoGidError, choose
 from plugin.netaddrs import namespace_addresses
 from plugin.pool import HCAS_ENV
-from plugin.userfiles import why_not_writable
+from plugin.userfiles import file_kind, shown, why_not_writable
 
 FAMILIES: tuple[Family, ...] = ("ipv6", "ipv4")
 
@@ -52,24 +57,64 @@ def _quote(value: str) -> str:
 
 
 def _read_hcas(sysfs_root: Path, names: list[str]) -> list[Hca]:
+    class_ib = sysfs_root / "class" / "infiniband"
+    if not class_ib.is_dir():
+        raise NoGidError(
+            f"{class_ib} does not exist: --sysfs-root must name where sysfs is mounted (/sys), "
+            "on a node whose RDMA driver is loaded"
+        )
     discovery = SysfsDiscovery(sysfs_root, Path("/dev"))
     hcas: list[Hca] = []
     for name in names:
-        hca = discovery.read_hca(name, {}, {})
+        try:
+            hca = discovery.read_hca(name, {}, {})
+        except Exception as exc:  # any fault of its files: this HCA's, said as such
+            raise NoGidError(f"{name}: cannot be read from {class_ib / name} ({exc})") from None
         if hca is None:
             raise NoGidError(
-                f"{name}: not in {sysfs_root / 'class' / 'infiniband'}: the RDMA devices are not "
-                "visible in this network namespace (RDMA netns mode exclusive?)"
+                f"{name}: not in {class_ib}: the RDMA devices are not visible in this network "
+                "namespace (RDMA netns mode exclusive?)"
             )
         hcas.append(hca)
     return hcas
 
 
+# An environment variable sh can set: ASCII (str.isidentifier also takes 'é').
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# An ibdev name: what the kernel allows (no '/'), as `rdma dev` shows them.
+_IBDEV = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
-    if not sep or not key.isidentifier():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. NCCL_IB_TC=136")
+    if not sep or not _NAME.fullmatch(key):
+        raise argparse.ArgumentTypeError(
+            f"{shown(text)}: expected KEY=VALUE with an ASCII variable name, e.g. NCCL_IB_TC=136"
+        )
+    if key in COMPUTED:
+        raise argparse.ArgumentTypeError(
+            f"{key}: podenv computes it for this pod ({', '.join(COMPUTED)}): drop --set {key}"
+        )
     return key, value
+
+
+def _out(text: str) -> Path:
+    if not text:
+        raise argparse.ArgumentTypeError("empty: name a file, or omit --out for stdout")
+    return Path(text)
+
+
+def _hca_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        parser.error(
+            f"no HCAs: pass --hcas, or run in a container asking for the RDMA resource "
+            f"(its Allocate sets {HCAS_ENV})"
+        )
+    for name in names:
+        if not _IBDEV.fullmatch(name) or name in (".", ".."):
+            parser.error(f"--hcas: {shown(name)} is not an RDMA device name (e.g. mlx5_0)")
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,14 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hcas", default=os.environ.get(HCAS_ENV, ""), help=f"default ${HCAS_ENV}")
     p.add_argument("--family", choices=["auto", *FAMILIES], default="auto")
     p.add_argument("--set", type=_key_value, action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--out", type=Path, help="write here (atomically) instead of stdout")
+    p.add_argument("--out", type=_out, help="write here (atomically) instead of stdout")
     args = p.parse_args(argv)
-    names = [n for n in args.hcas.split(",") if n]
-    if not names:
-        p.error(
-            f"no HCAs: pass --hcas, or run in a container asking for the RDMA resource "
-            f"(its Allocate sets {HCAS_ENV})"
-        )
+    names = _hca_names(p, args.hcas)
+    extra: dict[str, str] = {}
+    for key, value in args.set:
+        if key in extra:
+            p.error(f"--set {key}: given twice: keep one")
+        extra[key] = value
     try:
         hcas = _read_hcas(args.sysfs_root, names)
         family: Family = (
@@ -97,33 +142,51 @@ def main(argv: list[str] | None = None) -> int:
     except NoGidError as exc:
         print(f"lingjun-rdma podenv: {exc}", file=sys.stderr)
         return 1
-    text = render(choice, dict(args.set))
-    if args.out is None:
-        sys.stdout.write(text)
-        return 0
+    text = render(choice, extra)
     try:
-        write_atomically(args.out, text)
+        if args.out is None:
+            if sys.stdout is None:
+                raise OSError(errno.EBADF, "stdout is closed")
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            write_atomically(args.out, text)
     except OSError as exc:
-        print(f"lingjun-rdma podenv: --out {args.out}: {_why(exc, args.out)}", file=sys.stderr)
+        where = "stdout" if args.out is None else f"--out {args.out}"
+        print(f"lingjun-rdma podenv: {where}: {_why(exc, args.out)}", file=sys.stderr)
         return 2
     return 0
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """`path` holds `text` whole, or is left as it was (no temporary file stays behind)."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """`path` holds `text` whole, or is left as it was; only a regular file (or none) is
+    replaced: a device, FIFO, symlink or directory there is refused, never overwritten."""
     try:
-        tmp.write_text(text)
-        tmp.replace(path)
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFREG
+    if not stat.S_ISREG(mode):
+        kind = "a symbolic link" if stat.S_ISLNK(mode) else file_kind(mode)
+        raise OSError(errno.EEXIST, f"is {kind}, not a regular file: name a file to write")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # a name of its own
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
-def _why(exc: OSError, path: Path) -> str:
-    why = why_not_writable(path.parent)
-    if why is not None and not isinstance(exc, IsADirectoryError):
-        return f"{path.parent} {why}: name a file in a writable directory"
-    return f"{exc.strerror or exc}: name a file in a writable directory"
+def _why(exc: OSError, out: Path | None) -> str:
+    if exc.errno == errno.EEXIST or out is None:
+        return exc.strerror or str(exc)
+    fix = "name a file in a writable directory"
+    why = why_not_writable(out.parent)
+    if why is not None:
+        return f"{out.parent} {why}: {fix}"
+    return f"cannot write in {out.parent} ({exc.strerror or exc}): {fix}"
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from plugin.config import MAX_ID_LENGTH, PluginConfig, Pool, Selector, shared_device_id
 from plugin.discovery.model import Hca, Inventory
+from plugin.userfiles import shown
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -188,18 +189,24 @@ def allocated_hcas(view: PoolView, ids: list[str]) -> tuple[str, ...]:
             f"{view.pool.resource_name}: a container request with no device ID: nothing to "
             "allocate (the kubelet sends one ID per unit the container asks for)"
         )
+    if len(set(ids)) < len(ids):
+        raise AllocationError(
+            f"{view.pool.resource_name}: a device ID is given twice in {shown(ids)}: the kubelet "
+            "sends each at most once; its state is stale, retry the pod"
+        )
     devices = view.by_id
     hca_names: set[str] = set()
     for device_id in ids:
         device = devices.get(device_id)
         if device is None:
             raise AllocationError(
-                f"{view.pool.resource_name}: device ID {device_id!r} is unknown to this plugin "
-                f"({_describe_ids(view)}); the kubelet's state is stale, retry the pod"
+                f"{view.pool.resource_name}: device ID {shown(device_id)} is unknown to this "
+                f"plugin ({_describe_ids(view)}); the kubelet's state is stale, retry the pod"
             )
         if not device.healthy:
             raise AllocationError(
-                f"{view.pool.resource_name}: device ID {device_id!r} is unhealthy: {device.reason}"
+                f"{view.pool.resource_name}: device ID {shown(device_id)} is unhealthy: "
+                f"{device.reason}"
             )
         hca_names.update(device.hcas)
     return tuple(h.name for h in view.hcas if h.name in hca_names and h.unhealthy_reason() is None)

@@ -13,6 +13,7 @@ import grpc
 from plugin import pool as policy
 from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.metrics import Metrics
+from plugin.userfiles import shown
 from plugin.wire import list_and_watch_response
 
 logger = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             responses.append(self._answer(hcas))
             self.metrics.allocations.labels(resource=self.resource).inc()
-            logger.info("allocated %s %s -> %s", self.resource, ids, ",".join(hcas))
+            logger.info("allocated %s %s -> %s", self.resource, shown(ids), ",".join(hcas))
         return api_pb2.AllocateResponse(container_responses=responses)
 
     def _answer(self, hcas: tuple[str, ...]) -> api_pb2.ContainerAllocateResponse:

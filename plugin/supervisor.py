@@ -119,8 +119,10 @@ async def watch_config(
     said: PluginConfig | str | None = None
     while True:
         await asyncio.sleep(every)
-        try:
-            on_disk: PluginConfig | str = load_config(path, explicit=explicit)
+        try:  # off the loop: whatever the file holds, the servers keep answering meanwhile
+            on_disk: PluginConfig | str = await asyncio.to_thread(
+                load_config, path, explicit=explicit
+            )
         except ConfigError as exc:
             on_disk = str(exc)
         if on_disk != running and on_disk != said:

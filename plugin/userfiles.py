@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import reprlib
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 # A ConfigMap holds at most 1 MiB: no config this project reads is legitimately larger.
 MAX_FILE_BYTES = 1 << 20
@@ -24,8 +26,36 @@ _KINDS = (
 )
 
 
+# A file's values expanded: what a 1 MiB file of plain values holds at most. YAML aliases can
+# name a value many times over (`b: [*a, *a, ...]`), so a small file can expand past any memory.
+MAX_VALUES = 1_000_000
+
+_DECIMAL = re.compile(r"[0-9]+")
+
+
 class UnreadableError(ValueError):
     """A file that is not read: the message says why (`a FIFO, not a regular file`)."""
+
+
+def decimal(text: str) -> int | None:
+    """`text` as a whole number written in ASCII digits (str.isdigit also takes '²' and '٩'),
+    of at most MAX_DIGITS digits; else None."""
+    if len(text) > MAX_DIGITS or not _DECIMAL.fullmatch(text):
+        return None
+    return int(text)
+
+
+_quote = reprlib.Repr()
+_quote.maxstring = _quote.maxother = 80
+_quote.maxlist = _quote.maxtuple = _quote.maxdict = _quote.maxset = 6
+
+
+def shown(value: object) -> str:
+    """A value quoted back in a message, cut short (a slip can be megabytes, or a huge list)."""
+    text = _quote.repr(value)
+    if isinstance(value, str) and len(value) > _quote.maxstring:
+        text += f" ({len(value)} characters)"
+    return text
 
 
 def file_kind(mode: int) -> str:
@@ -39,6 +69,12 @@ def read_text(path: Path, limit: int = MAX_FILE_BYTES) -> str:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
+        try:  # a socket cannot be opened at all: name what it is, not open(2)'s ENXIO
+            mode = os.stat(path).st_mode
+        except OSError:
+            mode = stat.S_IFREG
+        if not stat.S_ISREG(mode):
+            raise UnreadableError(f"{file_kind(mode)}, not a regular file") from None
         raise UnreadableError(exc.strerror or str(exc)) from None
     try:
         mode = os.fstat(fd).st_mode
@@ -76,14 +112,41 @@ def parse_yaml(text: str) -> Any:
             raise ParseError(_nested(exc)) from None
     import yaml
 
+    loader = _strict_loader()(text)
     try:
-        return yaml.load(text, Loader=_strict_loader())
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        values = _expanded_size(node, {})
+        if values > MAX_VALUES:
+            raise ParseError(
+                f"its aliases expand to {values} values (at most {MAX_VALUES}): write the "
+                "values out instead of repeating aliases"
+            )
+        return loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise ParseError(f"{at}{exc.problem or exc}") from None
     except (yaml.YAMLError, RecursionError) as exc:
         raise ParseError(_nested(exc)) from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: Any, seen: dict[int, int]) -> int:
+    """How many values `node` stands for once every alias is expanded (aliases share nodes:
+    each node is counted once, then multiplied where it is named again)."""
+    if id(node) in seen:
+        return seen[id(node)]
+    size = 1
+    value: object = node.value
+    if isinstance(value, list):
+        for item in cast(list[Any], value):  # mapping nodes hold (key, value) pairs
+            pair = cast(tuple[Any, ...], item if isinstance(item, tuple) else (item,))
+            size += sum(_expanded_size(child, seen) for child in pair)
+    seen[id(node)] = size
+    return size
 
 
 def _nested(exc: BaseException) -> str:
@@ -94,7 +157,7 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise ParseError(f"key {key!r} given twice: keep one")
+            raise ParseError(f"key {shown(key)} given twice: keep one")
         result[key] = value
     return result
 
@@ -132,7 +195,7 @@ def _strict_loader() -> type:
                     continue
                 if repeated:
                     raise ConstructorError(
-                        None, None, f"key {key!r} given twice: keep one", key_node.start_mark
+                        None, None, f"key {shown(key)} given twice: keep one", key_node.start_mark
                     )
             return base.construct_mapping(self, node, deep=deep)
 

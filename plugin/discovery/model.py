@@ -79,10 +79,14 @@ class Hca:
         """None when a pod could use this HCA now; else why not."""
         if self.chardevs.uverbs is None:
             return f"{self.name}: no uverbs device node"
-        if not any(p.active for p in self.ports):
-            states = ", ".join(f"port {p.number} {p.state}" for p in self.ports) or "no ports"
-            return f"{self.name}: no ACTIVE port ({states})"
-        return None
+        return self.inactive_reason()
+
+    def inactive_reason(self) -> str | None:
+        """None when a port of this HCA is ACTIVE; else the state of each."""
+        if any(p.active for p in self.ports):
+            return None
+        states = ", ".join(f"port {p.number} {p.state}" for p in self.ports) or "no ports"
+        return f"{self.name}: no ACTIVE port ({states})"
 
 
 @dataclass(frozen=True)

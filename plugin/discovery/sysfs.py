@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from plugin.discovery.model import CharDevices, Gid, GidType, Hca, Inventory, Port
+from plugin.userfiles import UnreadableError, decimal, read_text, shown
 
 logger = logging.getLogger(__name__)
 
@@ -15,12 +16,17 @@ _ZERO_GID = ipaddress.IPv6Address(0)
 UNREADABLE = "UNREADABLE"  # a port state: its state or link_layer file could not be read
 
 
+# A sysfs attribute is at most a page.
+_ATTRIBUTE_BYTES = 4096
+
+
 def read(path: Path) -> str | None:
-    """A sysfs attribute's text; None when absent, unreadable (e.g. an unused GID slot) or not
-    text: one bad file makes one value unknown, never the scan fail."""
+    """A sysfs attribute's text; None when absent, unreadable (e.g. an unused GID slot), not
+    text, or not an attribute at all (a FIFO or a device is never read): one bad file makes one
+    value unknown, never the scan fail or hang."""
     try:
-        return path.read_text().strip()
-    except (OSError, UnicodeDecodeError):
+        return read_text(path, _ATTRIBUTE_BYTES).strip()
+    except UnreadableError:
         return None
 
 
@@ -42,8 +48,15 @@ class SysfsDiscovery:
         verbs = self._chardev_owners("infiniband_verbs")
         mads = self._chardev_owners("infiniband_mad")
         hcas = [self._read_isolated(name, verbs, mads) for name in names]
+        errors: tuple[str, ...] = ()
+        if not (self.sysfs / "class").is_dir():
+            errors = (
+                f"{self.sysfs / 'class'} does not exist: --sysfs-root must name where sysfs is "
+                "mounted (/sys)",
+            )
         return Inventory(
             hcas=tuple(h for h in hcas if h is not None),
+            errors=errors,
             rdma_cm=(self.dev_ib / "rdma_cm").exists(),
             netns_mode=_netns_mode(
                 read(self.sysfs / "module" / "ib_core" / "parameters" / "netns_mode")
@@ -194,17 +207,16 @@ def _numbered(directory: Path, problems: list[str]) -> list[str]:
     """The entries named by a number (ports, GID slots), in order; anything else is skipped
     and named in `problems`."""
     names = _listdir(directory)
-    stray = sorted(n for n in names if not n.isdigit())
+    stray = sorted(n for n in names if decimal(n) is None)
     if stray:
-        problems.append(f"{directory}: unexpected entries {stray} skipped")
-    return sorted((n for n in names if n.isdigit()), key=int)
+        problems.append(f"{directory}: unexpected entries {shown(stray)} skipped")
+    return sorted((n for n in names if decimal(n) is not None), key=int)
 
 
 def _pci_netdevs(pci: Path) -> dict[str, int | None]:
     result: dict[str, int | None] = {}
     for netdev in sorted(_listdir(pci / "net")):
-        dev_port = read(pci / "net" / netdev / "dev_port")
-        result[netdev] = int(dev_port) if dev_port and dev_port.isdigit() else None
+        result[netdev] = decimal(read(pci / "net" / netdev / "dev_port") or "")
     return result
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.config import MAX_POOLS
+from plugin.config import MAX_DEVICE_IDS, MAX_POOLS
 from plugin.kubelet import MAX_UNIX_PATH
 from plugin.launch import RESCAN_INTERVAL_RANGE
 from plugin.userfiles import MAX_DIGITS
@@ -37,7 +37,9 @@ async def test_a_rescan_interval_outside_its_range_is_refused(
     assert f"--rescan-interval {float(value)}: must be {LOW:g}-{HIGH:g} seconds" in output
 
 
-@pytest.mark.parametrize("value", ["127.0.0.1:70000", "127.0.0.1:-1", "localhost", "host:http"])
+@pytest.mark.parametrize(
+    "value", ["127.0.0.1:70000", "127.0.0.1:-1", "localhost", "host:http", "127.0.0.1:٩٤٦٠"]
+)
 async def test_a_metrics_address_without_a_port_0_to_65535_is_refused(
     plugin: PluginProcess, value: str
 ) -> None:
@@ -142,6 +144,15 @@ async def test_more_pools_than_a_node_can_serve_are_refused(plugin: PluginProces
     output = await _refused(plugin, config)
 
     assert f"pools: 20000 pools: at most {MAX_POOLS}" in output
+
+
+async def test_pools_whose_ids_add_up_past_the_limit_are_refused(plugin: PluginProcess) -> None:
+    pools = ", ".join(f"{{name: p{i}, maxAllocations: {MAX_DEVICE_IDS}}}" for i in range(2))
+    config = plugin.write_config(f"pools: [{pools}]\n")
+
+    output = await _refused(plugin, config)
+
+    assert f"maxAllocations add up to {2 * MAX_DEVICE_IDS}: at most {MAX_DEVICE_IDS}" in output
 
 
 async def test_a_device_plugin_dir_too_long_for_a_unix_socket_is_refused(

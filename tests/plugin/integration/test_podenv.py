@@ -4,6 +4,7 @@ addresses), reading the GID tables of a fixture sysfs tree: the addresses come f
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -164,7 +165,7 @@ FIX = "name a file in a writable directory"
     ("out", "said"),
     [
         ("missing/nccl.env", "{parent} does not exist: " + FIX),
-        ("adir", "Is a directory: " + FIX),
+        ("adir", "is a directory, not a regular file: name a file to write"),
         ("ro/nccl.env", "{parent} is on a read-only file system: " + FIX),
     ],
     ids=["missing-dir", "a-directory", "read-only-fs"],
@@ -191,3 +192,130 @@ def test_an_out_that_cannot_be_written_is_one_line_and_leaves_nothing_behind(
         f"lingjun-rdma podenv: --out {target}: " + said.format(parent=target.parent)
     ]
     assert sorted(p.name for p in work.rglob("*")) == before
+
+
+def _special(kind: str, path: Path) -> None:
+    if kind == "char-device":
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a /dev/null of our own
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        (path.parent / "target").write_text("the user's\n")
+        path.symlink_to(path.parent / "target")
+
+
+@pytest.mark.parametrize("kind", ["char-device", "fifo", "symlink"])
+def test_an_out_that_is_not_a_regular_file_is_refused_and_left_as_it_is(
+    tree: SysfsTree, pod_netns: str, tmp_path: Path, kind: str
+) -> None:
+    _address(pod_netns, f"{POD_A}/64")
+    out = tmp_path / "out"
+    _special(kind, out)
+    before = out.lstat()
+
+    done = podenv(pod_netns, "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0", "--out", str(out))
+
+    assert done.returncode == 2, done.stderr
+    named = {"char-device": "a character device", "fifo": "a FIFO", "symlink": "a symbolic link"}
+    assert done.stderr.splitlines() == [
+        f"lingjun-rdma podenv: --out {out}: is {named[kind]}, not a regular file: name a file "
+        "to write"
+    ]
+    assert (out.lstat().st_mode, out.lstat().st_ino) == (before.st_mode, before.st_ino)
+
+
+def test_a_users_file_beside_out_is_never_taken_for_the_temporary_one(
+    tree: SysfsTree, pod_netns: str, tmp_path: Path
+) -> None:
+    _address(pod_netns, f"{POD_A}/64")
+    (tmp_path / ".nccl.env.tmp").write_text("user data\n")
+
+    done = podenv(
+        pod_netns, "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0",
+        "--out", str(tmp_path / "nccl.env"),
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / ".nccl.env.tmp").read_text() == "user data\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".nccl.env.tmp", "nccl.env", "node"]
+
+
+def test_a_port_that_is_down_is_named_not_a_missing_gid(tree: SysfsTree, pod_netns: str) -> None:
+    _address(pod_netns, f"{POD_A}/64")
+    tree.set_port("mlx5_0", 1, "DOWN")
+
+    done = podenv(pod_netns, "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0")
+
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        "lingjun-rdma podenv: mlx5_0: no ACTIVE port (port 1 DOWN): RDMA cannot use it now"
+    )
+
+
+def test_a_fifo_in_sysfs_is_not_waited_on(tree: SysfsTree, pod_netns: str) -> None:
+    _address(pod_netns, f"{POD_A}/64")
+    state = tree.port_dir("mlx5_0") / "state"
+    state.unlink()
+    os.mkfifo(state)
+
+    done = podenv(pod_netns, "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0")
+
+    assert done.returncode == 1
+    assert "mlx5_0: no ACTIVE port (port 1 UNREADABLE)" in done.stderr
+
+
+def _podenv_here(
+    *args: str, stdout: int | None = subprocess.PIPE
+) -> subprocess.CompletedProcess[str]:
+    """podenv in this namespace: for what it refuses before it looks at any address."""
+    return subprocess.run(
+        [sys.executable, "-m", "plugin.podenv", *args], cwd=REPO, stdout=stdout,
+        stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--hcas", "../../etc"), "--hcas: '../../etc' is not an RDMA device name"),
+        (("--hcas", "mlx5_0", "--set", "NCCL_IB_GID_INDEX=0"),
+         "NCCL_IB_GID_INDEX: podenv computes it for this pod"),
+        (("--hcas", "mlx5_0", "--set", "A=1", "--set", "A=2"), "--set A: given twice: keep one"),
+        (("--hcas", "mlx5_0", "--set", "é=1"), "expected KEY=VALUE with an ASCII variable name"),
+        (("--hcas", "mlx5_0", "--out", ""), "--out: empty: name a file, or omit --out"),
+        (("--hcas", "mlx5_0", "--sysfs-root", "/nonexistent"),
+         "/nonexistent/class/infiniband does not exist: --sysfs-root must name where sysfs"),
+    ],
+    ids=["hca-path", "computed-key", "key-twice", "non-ascii-key", "empty-out", "no-sysfs"],
+)  # fmt: skip
+def test_what_podenv_refuses_is_one_line(args: tuple[str, ...], said: str) -> None:
+    done = _podenv_here(*args)
+
+    assert done.returncode in (1, 2), done.stderr
+    assert "Traceback" not in done.stderr
+    assert said in done.stderr.splitlines()[-1]
+
+
+def test_hca_names_are_trimmed_and_deduplicated(tree: SysfsTree, pod_netns: str) -> None:
+    _address(pod_netns, f"{POD_A}/64")
+
+    done = podenv(
+        pod_netns, "--sysfs-root", str(tree.sys), env={"LINGJUN_RDMA_HCAS": " mlx5_0, mlx5_0 "}
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "NCCL_IB_HCA==mlx5_0:1" in done.stdout.splitlines()
+
+
+def test_a_full_stdout_is_one_line(tree: SysfsTree, pod_netns: str) -> None:
+    _address(pod_netns, f"{POD_A}/64")
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            ["ip", "netns", "exec", pod_netns, sys.executable, "-m", "plugin.podenv",
+             "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0"],
+            cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["lingjun-rdma podenv: stdout: No space left on device"]

@@ -7,6 +7,9 @@ import socket
 import urllib.request
 from pathlib import Path
 
+import grpc
+import pytest
+
 from plugin.api.v1beta1 import api_pb2
 from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.plugin_process import PluginProcess
@@ -242,3 +245,68 @@ async def test_a_config_changed_on_disk_is_reported_as_needing_a_restart(
 
     assert wanted in plugin.output()
     assert len(kubelet.devices()) == 10  # still the config it started with
+
+
+async def test_a_config_that_expands_without_bound_on_disk_never_stalls_the_plugin(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    config = plugin.write_config("pools:\n  - name: hca\n")
+    await plugin.start(config)
+    await kubelet.wait_registrations(1)
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)
+    ]
+    config.write_text("\n".join(levels) + "\nversion: *a8\n")  # 10^9 values in ~500 bytes
+
+    await plugin.said("config on disk changed and is invalid", limit=15)
+
+    assert "aliases expand to" in plugin.output()
+    assert "rdma_plugin_devices" in await _metrics(plugin.metrics_port)
+    assert await plugin.terminate() == 0
+
+
+async def _raw_http(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(), 10)
+    except ConnectionResetError:
+        return b""
+    finally:
+        writer.close()
+
+
+async def test_the_metrics_server_drops_bad_requests_quietly_and_keeps_serving(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+
+    huge = await _raw_http(plugin.metrics_port, b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 200_000)
+    not_utf8 = await _raw_http(plugin.metrics_port, b"GET /\xff\xfe HTTP/1.1\r\n\r\n")
+
+    assert huge == b""
+    assert not_utf8.startswith(b"HTTP/1.1 404")
+    assert "rdma_plugin_devices" in await _metrics(plugin.metrics_port)
+    assert "Traceback" not in plugin.output()
+    assert "exception was never retrieved" not in plugin.output()
+
+
+async def test_allocate_refuses_an_id_given_twice(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    await plugin.start()
+    reg = await kubelet.wait_registrations(1)
+
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await reg.stub.Allocate(
+            api_pb2.AllocateRequest(
+                container_requests=[
+                    api_pb2.ContainerAllocateRequest(devices_ids=["hca-1", "hca-2", "hca-1"])
+                ]
+            )
+        )
+
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "a device ID is given twice" in (caught.value.details() or "")

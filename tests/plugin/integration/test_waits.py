@@ -4,6 +4,7 @@ cannot hold a socket, another instance holding the dir."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from plugin.instance import holder
 from plugin.kubelet import MAX_UNIX_PATH, socket_name
 from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.plugin_process import PluginProcess
@@ -179,3 +181,29 @@ async def test_grpc_refuses_a_socket_path_one_byte_over_the_limit(short_tmp: Pat
 
     with pytest.raises(RuntimeError, match="Failed to bind"):
         server.add_insecure_port(f"unix://{path}")
+
+
+async def test_an_instance_answers_every_waiters_question_however_many_ask(
+    kubelet: KubeletPeer, plugin: PluginProcess, plugin_dir: Path
+) -> None:
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+    assert plugin.proc is not None
+
+    # each waiter asks once a second; a lock that never accepted filled its backlog after ~9
+    answers = [await asyncio.to_thread(holder, plugin_dir) for _ in range(30)]
+
+    assert answers == [plugin.proc.pid] * 30
+
+
+async def test_a_file_where_the_socket_goes_is_said_as_it_is_replaced(
+    kubelet: KubeletPeer, plugin: PluginProcess, plugin_dir: Path
+) -> None:
+    _regular_file(plugin_dir / SOCKET)
+
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+
+    assert f"removing {plugin_dir / SOCKET}, a regular file where this plugin's socket goes" in (
+        plugin.output()
+    )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -223,3 +225,49 @@ def test_an_hca_whose_reading_fails_is_reported_unhealthy_and_the_others_are_ser
         in (hcas["mlx5_0"].problems[0])
     )
     assert hcas["mlx5_1"].unhealthy_reason() is None
+
+
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _zero(path: Path) -> None:
+    path.unlink()
+    path.symlink_to("/dev/zero")
+
+
+@pytest.mark.parametrize("make", [_fifo, _zero], ids=["fifo", "endless"])
+def test_an_attribute_that_is_not_a_file_is_unknown_never_waited_on_or_read_whole(
+    tmp_path: Path, make: Callable[[Path], None]
+) -> None:
+    tree = two_mlx5(tmp_path)
+    make(tree.port_dir("mlx5_0") / "state")
+    make(tree.port_dir("mlx5_1") / "gids" / "3")
+
+    hcas = scan(tree)  # the test's timeout would catch a read that blocks
+
+    assert hcas["mlx5_0"].ports[0].state == "UNREADABLE"
+    assert 3 not in {g.index for g in hcas["mlx5_1"].ports[0].gids}
+    assert hcas["mlx5_1"].unhealthy_reason() is None
+
+
+def test_entries_numbered_in_other_scripts_are_stray_not_numbers(tmp_path: Path) -> None:
+    tree = two_mlx5(tmp_path)
+    (tree.port_dir("mlx5_0").parent / "²").mkdir()  # '²'.isdigit() is True; int('²') fails
+    (tree.port_dir("mlx5_0") / "gids" / "٣").write_text("fe80::1\n")  # int('٣') == 3
+
+    hca = scan(tree)["mlx5_0"]
+
+    assert [p.number for p in hca.ports] == [1]
+    assert any("unexpected entries ['²'] skipped" in p for p in hca.problems)
+    assert len(hca.ports[0].gids) == 4  # the GID slot '٣' is not taken for slot 3
+
+
+def test_a_sysfs_root_without_class_says_so(tmp_path: Path) -> None:
+    inventory = SysfsDiscovery(tmp_path / "nowhere", tmp_path / "dev").scan()
+
+    assert inventory.errors == (
+        f"{tmp_path / 'nowhere' / 'class'} does not exist: --sysfs-root must name where sysfs "
+        "is mounted (/sys)",
+    )

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
 
 from plugin.userfiles import (
     MAX_DIGITS,
+    MAX_VALUES,
     ParseError,
     UnreadableError,
+    decimal,
     parse_yaml,
     read_text,
+    shown,
     why_not_writable,
 )
 
@@ -32,6 +36,13 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
 
     with pytest.raises(UnreadableError, match="a FIFO, not a regular file"):
         read_text(fifo)
+
+
+def test_a_socket_is_named_as_one(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(tmp_path / "sock"))
+        with pytest.raises(UnreadableError, match="a socket, not a regular file"):
+            read_text(tmp_path / "sock")
 
 
 def test_a_missing_file_says_so(tmp_path: Path) -> None:
@@ -74,3 +85,38 @@ def test_why_not_writable_names_a_missing_dir_and_a_file(tmp_path: Path) -> None
     assert why_not_writable(tmp_path) is None
     assert why_not_writable(tmp_path / "absent") == "does not exist"
     assert why_not_writable(tmp_path / "file") == "is a regular file, not a directory"
+
+
+def _alias_bomb(levels: int) -> str:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]")
+    return "\n".join(lines) + f"\nversion: *a{levels - 1}\n"
+
+
+def test_aliases_that_expand_past_the_limit_are_refused_before_anything_is_built() -> None:
+    text = _alias_bomb(9)  # ~500 bytes standing for 10^9 values
+
+    with pytest.raises(
+        ParseError, match=f"its aliases expand to .* values \\(at most {MAX_VALUES}"
+    ):
+        parse_yaml(text)
+
+
+def test_aliases_within_the_limit_are_expanded() -> None:
+    assert len(parse_yaml(_alias_bomb(3))["version"]) == 10
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("42", 42), ("0", 0), ("²", None), ("٣", None), ("-1", None), ("", None), ("9" * 21, None)],
+)
+def test_decimal_takes_ascii_digits_only(text: str, value: int | None) -> None:
+    assert decimal(text) == value
+
+
+def test_shown_cuts_long_values_and_big_structures() -> None:
+    assert len(shown("x" * 10**6)) < 120
+    assert "(1000000 characters)" in shown("x" * 10**6)
+    assert len(shown(list(range(10**6)))) < 60
+    assert shown("ok") == "'ok'"
