@@ -29,6 +29,7 @@ from plugin.config import (
     parse_pool,
 )
 from plugin.launch import LaunchError, LaunchSpec
+from plugin.userfiles import shown
 
 PROJECT = "lingjun-rdma"
 PROJECT_DIR = Path(__file__).resolve().parent.parent  # Pulumi.yaml, stacks/
@@ -42,13 +43,6 @@ class StackConfigError(ValueError):
 
 def _key(name: str) -> str:
     return f"{PROJECT}:{name}"
-
-
-def shown(value: str, limit: int = 80) -> str:
-    """A value quoted back in a message: repr'd, and cut when long (a slip can be megabytes)."""
-    if len(value) <= limit:
-        return repr(value)
-    return f"{value[:limit]!r}… ({len(value)} characters)"
 
 
 def _set(name: str, value: str) -> str:
@@ -334,7 +328,7 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
     problems = [
         *_check_network_mode(k),
         *cluster_problems,
-        *_check_namespace(k),
+        *_check_names(k),
         *plugin_problems,
         *launch_problems,
         *image_problems,
@@ -391,6 +385,11 @@ Cluster = CreateCluster | KubeconfigCluster | AckCluster
 
 def _cluster(k: _Keys) -> tuple[Cluster | None, list[str]]:
     if k.cluster_mode == "existing":
+        if k.kubeconfig is not None and k.cluster_id is not None:
+            return None, [
+                f"{_key('clusterId')}: set together with {_key('kubeconfig')}; an existing "
+                f"cluster is adopted by one of them (pulumi config rm {_key('clusterId')})"
+            ]
         if k.kubeconfig is not None:
             return KubeconfigCluster(k.kubeconfig), []
         if k.cluster_id is not None:
@@ -492,14 +491,38 @@ def _network(k: _Keys) -> tuple[NetworkPlan | None, list[str]]:
     return (None if problems else plan), problems
 
 
-def _check_namespace(k: _Keys) -> list[str]:
-    if _DNS_LABEL.match(k.namespace):
-        return []
-    return [
-        f"{_key('namespace')}: {shown(k.namespace)} is not a Kubernetes namespace name (lower "
-        "case letters, digits and '-', at most 63, starting and ending with a letter or "
-        f"digit) {_set('namespace', 'lingjun-rdma')}"
-    ]
+# Namespaces of the cluster itself: the program owns its namespace (destroy deletes it).
+_SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+# An Alibaba Cloud region ID, and a Kubernetes version as ACK spells it.
+_REGION = re.compile(r"[a-z]{2}(-[a-z0-9]+)+")
+_K8S_VERSION = re.compile(r"1\.[0-9]{1,2}\.[0-9]{1,3}(-aliyun\.[0-9]{1,3})?")
+
+
+def _check_names(k: _Keys) -> list[str]:
+    problems: list[str] = []
+    if not _REGION.fullmatch(k.region):
+        problems.append(
+            f"{_key('region')}: {shown(k.region)} is not a region ID "
+            f"{_set('region', 'cn-wulanchabu')}"
+        )
+    if k.kubernetes_version is not None and not _K8S_VERSION.fullmatch(k.kubernetes_version):
+        problems.append(
+            f"{_key('kubernetesVersion')}: {shown(k.kubernetes_version)} is not a version as "
+            f"ACK spells it {_set('kubernetesVersion', '1.34.1-aliyun.1')}, or unset it for "
+            f"ACK's default (pulumi config rm {_key('kubernetesVersion')})"
+        )
+    if k.namespace in _SYSTEM_NAMESPACES:
+        problems.append(
+            f"{_key('namespace')}: {k.namespace} is the cluster's own: the program creates and "
+            f"deletes its namespace {_set('namespace', 'lingjun-rdma')}"
+        )
+    if not _DNS_LABEL.match(k.namespace):
+        problems.append(
+            f"{_key('namespace')}: {shown(k.namespace)} is not a Kubernetes namespace name "
+            "(lower case letters, digits and '-', at most 63, starting and ending with a letter "
+            f"or digit) {_set('namespace', 'lingjun-rdma')}"
+        )
+    return problems
 
 
 # Which stack key holds each field of the plugin's Pool (its errors name the field).
@@ -631,7 +654,11 @@ def _timeouts(k: _Keys) -> tuple[int | None, list[str]]:
 def _samples(k: _Keys, images: Mapping[str, str]) -> tuple[tuple[SampleJob, ...], list[str]]:
     samples: list[SampleJob] = []
     problems: list[str] = []
-    for name in k.sample_jobs:
+    for name in sorted({n for n in k.sample_jobs if k.sample_jobs.count(n) > 1}):
+        problems.append(
+            f"{_key('sampleJobs')}: {shown(name)} is listed twice: list each sample once"
+        )
+    for name in dict.fromkeys(k.sample_jobs):
         sample = SAMPLES.get(name)
         if sample is None:
             problems.append(

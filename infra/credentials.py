@@ -48,6 +48,14 @@ _NAMED = {
     "contexts": ("context", {"cluster", "user", "namespace"}),
 }
 _URLS = {"server", "proxy-url"}
+# Fields named in a message when they hold what may be a credential. Any other key is not
+# quoted: a mistyped line (`{token:abc}` is one key) can make a secret a key.
+_NAMEABLE = (
+    _TOP
+    | {name for _, fields in _NAMED.values() for name in fields}
+    | {"name", "cluster", "user", "context", "token", "client-key-data", "password"}
+    | {"auth-provider", "exec", "as-user-extra", "extensions"}
+)
 
 
 def plaintext_problems(raw: Mapping[str, str], secret: Set[str]) -> list[tuple[str, str]]:
@@ -74,7 +82,9 @@ def kubeconfig_credential(text: str) -> str | None:
     top = cast(dict[str, Any], doc)
     for key, value in top.items():
         if key not in _TOP:
-            return key
+            return _named(key)
+        if key == "preferences" and value not in (None, {}):
+            return "preferences"
         if key in _NAMED and value is not None:
             where = _entries(key, value)
             if where is not None:
@@ -92,20 +102,26 @@ def _entries(key: str, value: object) -> str | None:
         entry = cast(dict[str, object], item)
         for name in entry:
             if name not in ("name", entry_key):
-                return f"{key}[{i}].{name}"
+                return f"{key}[{i}].{_named(name)}"
         fields: object = entry.get(entry_key) or {}
         if not isinstance(fields, dict):
             return f"{key}[{i}].{entry_key}"
-        for field, v in cast(dict[str, object], fields).items():
+        for field, v in cast(dict[object, object], fields).items():
             if field not in allowed:
-                return f"{key}[{i}].{entry_key}.{field}"
-            if field in _URLS and _has_userinfo(v):
-                return f"{key}[{i}].{entry_key}.{field} (a login in the URL)"
+                return f"{key}[{i}].{entry_key}.{_named(field)}"
+            if field in _URLS and _url_may_hold_credential(v):
+                return f"{key}[{i}].{entry_key}.{field} (a login, query or fragment in the URL)"
     return None
 
 
-def _has_userinfo(url: object) -> bool:
+def _named(key: object) -> str:
+    return key if isinstance(key, str) and key in _NAMEABLE else "a field not known to be safe"
+
+
+def _url_may_hold_credential(url: object) -> bool:
+    """A login, a query (`?access_token=`) or a fragment: a URL with none is only an address."""
     try:
-        return isinstance(url, str) and "@" in urlsplit(url).netloc
+        parts = urlsplit(url) if isinstance(url, str) else None
     except ValueError:
         return True
+    return parts is None or "@" in parts.netloc or bool(parts.query or parts.fragment)

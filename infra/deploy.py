@@ -12,8 +12,15 @@ state backend (`pulumi login`, PULUMI_BACKEND_URL); the CLI validates the config
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before the imports below, which are most of a short run
+    from infra.interrupt import exit_quietly
+
+    exit_quietly("deploy")
+
 import argparse
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -21,8 +28,9 @@ from pathlib import Path
 
 from pulumi import automation as auto
 
-from infra.config import PROJECT, PROJECT_DIR
+from infra.config import PROJECT, PROJECT_DIR, StackConfigError
 from infra.program import main as program_main
+from infra.stackfiles import StackFileError, stack_config
 
 ACTIONS = ("preview", "up", "refresh", "destroy")
 
@@ -76,13 +84,32 @@ class DeployError(RuntimeError):
     """What keeps a deploy from starting: one line naming it and the fix."""
 
 
+# `pulumi version` answers in well under a second; one that does not is not a usable CLI.
+_VERSION_TIMEOUT = 20
+
+
 def pulumi_cli() -> auto.PulumiCommand:
     """The `pulumi` CLI on PATH, checked to run and to be new enough for the Automation API."""
     found = shutil.which("pulumi")
     if found is None:
+        present = [d for d in os.get_exec_path() if os.path.isfile(os.path.join(d, "pulumi"))]
+        if present:
+            where = os.path.join(present[0], "pulumi")
+            raise DeployError(f"{where}: not executable (chmod +x it), or: {INSTALL}")
         raise DeployError(f"no `pulumi` CLI on PATH: {INSTALL}")
-    try:
+    try:  # first with a bound: the Automation API's own check would wait forever
+        subprocess.run(
+            [found, "version"],
+            capture_output=True,
+            timeout=_VERSION_TIMEOUT,
+            check=True,
+            env={**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"},
+        )
         return auto.PulumiCommand()
+    except subprocess.TimeoutExpired:
+        raise DeployError(
+            f"{found}: `pulumi version` did not answer within {_VERSION_TIMEOUT}s: {INSTALL}"
+        ) from None
     except auto.InvalidVersionError as exc:
         raise DeployError(f"{found}: {exc}: {INSTALL}") from None
     except subprocess.CalledProcessError as exc:
@@ -94,15 +121,15 @@ def pulumi_cli() -> auto.PulumiCommand:
 
 
 def check_project(project_dir: Path, stack: str) -> None:
-    if not (project_dir / "Pulumi.yaml").is_file():
+    """The project's files read as the program will read them: one line for what is wrong."""
+    if not (project_dir / "Pulumi.yaml").exists():
         raise DeployError(
             f"--project-dir {project_dir}: no Pulumi.yaml there: name this project's checkout"
         )
-    if not (project_dir / "stacks" / f"Pulumi.{stack}.yaml").is_file():
-        known = sorted(p.name.split(".")[1] for p in (project_dir / "stacks").glob("Pulumi.*.yaml"))
-        raise DeployError(
-            f"--stack {stack}: no stacks/Pulumi.{stack}.yaml; stacks: {', '.join(known)}"
-        )
+    try:
+        stack_config(stack, project_dir=project_dir)
+    except (StackFileError, StackConfigError) as exc:
+        raise DeployError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         help="where Pulumi.yaml and stacks/ are (default: this checkout)",
     )
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt below
     try:
         check_project(args.project_dir, args.stack)
         stack = open_stack(args.stack, args.project_dir, pulumi=pulumi_cli())
@@ -139,4 +167,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from infra.interrupt import done
+
+    done(main())

@@ -20,7 +20,11 @@ FORM = "[registry[:port]/]repository[:tag][@sha256:digest]"
 
 def reference_problem(image: str) -> str | None:
     """Why `image` is not an image reference (without quoting it), or None."""
-    if not _REFERENCE.fullmatch(image):
+    first, slash, _ = image.partition("/")
+    # a first part without '.', ':' or "localhost" is a repository path, not a registry: lower
+    # case only there (a runtime refuses UPPER/x:1 as an invalid reference)
+    registry = slash and ("." in first or ":" in first or first == "localhost")
+    if not _REFERENCE.fullmatch(image) or (not registry and first != first.lower()):
         return (
             f"not an image reference ({FORM}); a registry login never goes in one: "
             "use registryUsername and registryPassword"

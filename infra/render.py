@@ -9,6 +9,11 @@ the output directory is replaced only when everything succeeded.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before the imports below, which are most of a short run
+    from infra.interrupt import exit_quietly
+
+    exit_quietly("render")
+
 import argparse
 import hashlib
 import json
@@ -40,7 +45,7 @@ from infra.offline import (
 )
 from infra.stackfiles import StackFileError, stack_config
 from plugin.config import ConfigError
-from plugin.userfiles import MAX_FILE_BYTES, UnreadableError, read_text
+from plugin.userfiles import MAX_FILE_BYTES, UnreadableError, read_text, shown
 
 KUBERNETES_VERSION = "1.34.0"
 # Written into every directory a render makes, listing what it wrote: only a directory that
@@ -158,8 +163,11 @@ def _digest(path: Path) -> list[object] | None:
 
 def render(stack: str, out: Path, overrides: list[str] | None = None) -> list[Path]:
     """Render the stack into `out` (replaced as a whole, only on success); returns the files."""
-    out = out.resolve()
-    check_out(out)
+    try:
+        out = out.resolve()
+        check_out(out)
+    except OSError as exc:  # a name too long, a dir that cannot be entered, a cwd gone
+        raise OutputError(f"--out {out}: {exc.strerror or exc}") from None
     config, secret_keys = stack_config(stack, overrides)
     result = run_program(stack, config, secret_keys)
     check_unique(result)
@@ -167,15 +175,21 @@ def render(stack: str, out: Path, overrides: list[str] | None = None) -> list[Pa
     for manifest in objects:
         validate(manifest)
     try:
-        _write(out, stack, result, objects)
+        kept = _write(out, stack, result, objects)
     except OSError as exc:
-        raise OutputError(f"--out {out}: {exc.strerror}: {exc.filename or out}") from None
+        raise OutputError(f"--out {out}: cannot write in {out.parent} ({exc.strerror})") from None
+    if kept is not None:
+        raise OutputError(
+            f"--out {out}: rendered, but files appeared in the previous render while this one "
+            f"ran; they are kept, with that render, in {kept}"
+        )
     return sorted(out.iterdir())
 
 
-def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any]]) -> None:
+def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any]]) -> Path | None:
     """Write into a new directory beside `out`, then swap it in: `out` holds either the old
-    render or the new one, never a mix."""
+    render or the new one, never a mix. Of the old one, only the files it listed, unchanged,
+    are deleted: returns where it stays when anything else appeared in it meanwhile."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     umask = os.umask(0)
@@ -200,11 +214,27 @@ def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any
             out.rename(old)
         staging.rename(out)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)  # ours alone: made by mkdtemp above
         if old.exists() and not out.exists():
             old.rename(out)
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    return _remove_render(old)
+
+
+def _remove_render(directory: Path) -> Path | None:
+    """Delete what a render listed in `directory`, where unchanged, then the directory; None
+    when it is gone, else `directory` (something else is in it)."""
+    if not directory.exists():
+        return None
+    for name, digest in _written(directory).items():
+        if _digest(directory / name) == digest:
+            (directory / name).unlink()
+    (directory / MARKER).unlink(missing_ok=True)
+    try:
+        directory.rmdir()
+    except OSError:
+        return directory
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,17 +249,24 @@ def main(argv: list[str] | None = None) -> int:
         help="override a config key of the stack, e.g. --set nonHostNetwork=true",
     )
     args = parser.parse_args(argv)
+    stack = args.stack if len(args.stack) <= 100 else shown(args.stack)
     try:
         files = render(args.stack, args.out, args.set)
+        print(f"render: {stack}: wrote {len(files)} files to {args.out}")
     except (OutputError, StackFileError) as exc:
-        print(f"render: {args.stack}: error: {exc}", file=sys.stderr)
+        print(f"render: {stack}: error: {exc}", file=sys.stderr)
         return 2
     except (RenderError, StackConfigError, JobSpecError, ConfigError) as exc:
-        print(f"render: {args.stack}: error:\n{exc}", file=sys.stderr)
+        print(f"render: {stack}: error:\n{exc}", file=sys.stderr)
         return 1
-    print(f"render: {args.stack}: wrote {len(files)} files to {args.out}")
+    except OSError as exc:  # the last boundary: a file-system error anywhere, stdout full
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"render: {stack}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from infra.interrupt import done
+
+    done(main())

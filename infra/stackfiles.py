@@ -4,6 +4,7 @@ defaults, then stacks/Pulumi.<stack>.yaml, then KEY=VALUE overrides (mocks read 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, cast
@@ -12,12 +13,11 @@ from infra.config import (
     PROJECT,
     PROJECT_DIR,
     StackConfigError,
-    shown,
     unknown_key_problems,
 )
 from infra.credentials import CREDENTIAL_KEYS
 from infra.offline import SECRET
-from plugin.userfiles import ParseError, UnreadableError, parse_yaml, read_text
+from plugin.userfiles import ParseError, UnreadableError, parse_yaml, read_text, shown
 
 
 class StackFileError(ValueError):
@@ -32,10 +32,10 @@ def find_stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> Path:
     """stacks/Pulumi.<stack>.yaml, or StackFileError naming the stacks there are."""
     if not _STACK_NAME.fullmatch(stack):
         raise StackFileError(
-            f"--stack {stack!r}: a stack name is 1-100 letters, digits, '_', '.' or '-'"
+            f"--stack {shown(stack)}: a stack name is 1-100 letters, digits, '_', '.' or '-'"
         )
     path = project_dir / "stacks" / f"Pulumi.{stack}.yaml"
-    if not path.is_file():
+    if not os.path.lexists(path):  # one that exists but cannot be read is said by the reader
         known = sorted(p.name.split(".")[1] for p in (project_dir / "stacks").glob("Pulumi.*.yaml"))
         raise StackFileError(f"--stack {stack}: no {path}; stacks: {', '.join(known) or 'none'}")
     return path
@@ -60,14 +60,15 @@ def stack_config(
             secret_keys.append(_qualify(key))
         else:
             config[_qualify(key)] = _as_config_string(value)
-    for item in overrides or []:
+    for number, item in enumerate(overrides or [], 1):
         key, sep, value = item.partition("=")
         if not sep or not key:
+            # not quoted back: a value typed with ':' for '=' may be a password
             raise StackFileError(
-                f"--set {shown(item)}: expected KEY=VALUE, e.g. --set nonHostNetwork=true"
+                f"--set number {number}: expected KEY=VALUE, e.g. --set nonHostNetwork=true"
             )
         config[_qualify(key)] = value
-        if key in CREDENTIAL_KEYS and _qualify(key) not in secret_keys:
+        if key.removeprefix(f"{PROJECT}:") in CREDENTIAL_KEYS and _qualify(key) not in secret_keys:
             # as `pulumi config set --secret` would store it
             secret_keys.append(_qualify(key))
     # Under mocks the program cannot list the keys it was given: a misspelt one is caught here.
@@ -110,4 +111,6 @@ def _as_config_string(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, list | dict):
         return json.dumps(value)
+    if value is None:  # `key:` with nothing after it: unset, as an empty string is
+        return ""
     return str(value)

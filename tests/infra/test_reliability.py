@@ -5,9 +5,12 @@ a traceback) for what keeps them from starting. Run as a user runs them: their C
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,8 +25,10 @@ from infra.config import (
     format_seconds,
     parse,
 )
+from infra.credentials import kubeconfig_credential
 from infra.images import reference_problem
 from infra.jobs import JOB_RANGES, JobSpecError, RdmaJobSpec
+from infra.render import _remove_render, render
 from infra.stackfiles import StackFileError, stack_config
 from plugin.config import MAX_ALLOCATIONS_LIMIT, MAX_POOLS
 from plugin.kubelet import MAX_UNIX_PATH
@@ -278,3 +283,208 @@ def test_an_rdma_job_spec_with_a_login_in_its_image_is_refused_without_quoting_i
 
     assert "Job j: image: not an image reference" in str(caught.value)
     assert SENTINEL not in str(caught.value)
+
+
+def test_removing_a_previous_render_deletes_only_its_listed_unchanged_files(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "dev"
+    render("dev", out)
+    (out / "mywork.txt").write_text("precious")  # saved there while a render ran
+    (out / "plan.md").write_text("edited")
+
+    kept = _remove_render(out)
+
+    assert kept == out
+    assert sorted(p.name for p in out.iterdir()) == ["mywork.txt", "plan.md"]
+    assert (out / "mywork.txt").read_text() == "precious"
+
+
+def test_a_file_saved_into_out_while_a_render_runs_survives(tmp_path: Path) -> None:
+    render("local", tmp_path / "out")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra.render", "--stack", "local", "--out", "out"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(1.5)  # about when the render checks --out, plans, and swaps it
+    (tmp_path / "out" / "mywork.txt").write_text("precious")
+    _, stderr = proc.communicate(timeout=180)
+
+    survivors = [p for p in tmp_path.rglob("mywork.txt") if p.read_text() == "precious"]
+    assert len(survivors) == 1, stderr
+    assert proc.returncode in (0, 2), stderr
+    if proc.returncode == 0:  # saved after the swap: in the new render's directory
+        assert survivors[0].parent == tmp_path / "out"
+    else:
+        assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.2, 2.0])
+def test_ctrl_c_during_a_render_is_one_line_and_leaves_no_half_render(
+    tmp_path: Path, delay: float
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra.render", "--stack", "local", "--out", "out"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+
+    if proc.returncode == 0:  # it finished first: nothing to see
+        return
+    assert proc.returncode == 130, stderr
+    assert stderr.splitlines() == ["render: interrupted"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")] == []
+
+
+@pytest.mark.parametrize(
+    ("setup", "said"),
+    [
+        (lambda d: "x" * 300, "File name too long"),
+        (lambda d: "/".join(["y" * 200] * 25), "File name too long"),
+        (lambda d: "/proc/newdir", "cannot write in /proc"),
+    ],
+    ids=["name-too-long", "path-too-long", "proc"],
+)
+def test_an_out_the_file_system_refuses_is_one_line(
+    tmp_path: Path, setup: Callable[[Path], str], said: str
+) -> None:
+    done = _cli("infra.render", "--stack", "local", "--out", setup(tmp_path), cwd=tmp_path)
+
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.splitlines()
+    assert said in line
+
+
+def test_a_full_stdout_after_a_render_is_one_line(tmp_path: Path) -> None:
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "infra.render", "--stack", "local", "--out", "out"],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
+            stdout=full, stderr=subprocess.PIPE, text=True, timeout=180, check=False,
+        )  # fmt: skip
+
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["render: local: error: No space left on device"]
+
+
+def test_a_set_without_equals_never_quotes_what_may_be_a_password(tmp_path: Path) -> None:
+    done = _cli(
+        "infra.render", "--stack", "prod", "--out", "out", f"--set=registryPassword:{SENTINEL}",
+        cwd=tmp_path,
+    )  # fmt: skip
+
+    assert done.returncode == 2
+    assert "--set number 1: expected KEY=VALUE" in done.stderr
+    assert SENTINEL not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("users", "said"),
+    [
+        (f"users: [{{name: u, user: {{token:{SENTINEL}}}}}]", "a field not known to be safe"),
+        (f"{SENTINEL}: x\nusers: []", "a field not known to be safe"),
+        ("users: []\npreferences: {colors: true}", "(preferences)"),
+    ],
+    ids=["flow-typo-key", "secret-as-key", "preferences"],
+)
+def test_a_kubeconfig_location_never_quotes_an_unknown_key(users: str, said: str) -> None:
+    kubeconfig = (
+        KUBECONFIG_HEAD + "clusters: [{name: c, cluster: {server: 'https://10.0.0.1:6443'}}]\n"
+    ) + users
+    config, _ = stack_config("local")
+    raw = {k.removeprefix(f"{PROJECT}:"): v for k, v in config.items() if v}
+
+    with pytest.raises(StackConfigError) as caught:
+        parse({**raw, "kubeconfig": kubeconfig})
+
+    assert said in str(caught.value)
+    assert SENTINEL not in str(caught.value)
+
+
+def test_a_server_url_with_a_query_needs_secret() -> None:
+    kubeconfig = KUBECONFIG_HEAD + (
+        f"clusters: [{{name: c, cluster: {{server: 'https://10.0.0.1/?access_token={SENTINEL}'}}}}]"
+    )
+
+    where = kubeconfig_credential(kubeconfig)
+
+    assert where is not None
+    assert where == "clusters[0].cluster.server (a login, query or fragment in the URL)"
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ('sampleJobs=["perftest","perftest"]', "'perftest' is listed twice"),
+        ("namespace=kube-system", "kube-system is the cluster's own"),
+        ("pluginImage=UPPER/x:1", "not an image reference"),
+        ("region=not a region", "is not a region ID"),
+        ("kubernetesVersion=banana", "is not a version as ACK spells it"),
+    ],
+)
+def test_values_a_cloud_or_cluster_would_refuse_later_are_refused_at_once(
+    tmp_path: Path, override: str, said: str
+) -> None:
+    extra = ["--set=perftestImage=registry.example.com/p:1"] if "sampleJobs" in override else []
+    done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--set={override}", *extra,
+                cwd=tmp_path)  # fmt: skip
+
+    assert done.returncode == 1, done.stderr
+    assert said in done.stderr
+
+
+def test_an_adopted_cluster_by_id_and_by_kubeconfig_at_once_is_refused(tmp_path: Path) -> None:
+    done = _cli("infra.render", "--stack", "local", "--out", "out", "--set=clusterId=c123",
+                cwd=tmp_path)  # fmt: skip
+
+    assert done.returncode == 1
+    assert "lingjun-rdma:clusterId: set together with lingjun-rdma:kubeconfig" in done.stderr
+
+
+def test_a_key_left_blank_in_a_stack_file_is_unset(tmp_path: Path) -> None:
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "Pulumi.yaml").write_text((PROJECT_DIR / "Pulumi.yaml").read_text())
+    local = (PROJECT_DIR / "stacks" / "Pulumi.local.yaml").read_text()
+    (tmp_path / "stacks" / "Pulumi.local.yaml").write_text(
+        local + "  lingjun-rdma:clusterId:\n  lingjun-rdma:jobAwaitTimeout:\n"
+    )
+
+    config, _ = stack_config("local", project_dir=tmp_path)
+
+    assert config[f"{PROJECT}:clusterId"] == ""
+    assert config[f"{PROJECT}:jobAwaitTimeout"] == ""
+
+
+def test_a_stack_file_that_is_a_fifo_is_named_as_one(tmp_path: Path) -> None:
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "Pulumi.yaml").write_text((PROJECT_DIR / "Pulumi.yaml").read_text())
+    os.mkfifo(tmp_path / "stacks" / "Pulumi.fifo.yaml")
+
+    with pytest.raises(StackFileError, match=r"Pulumi\.fifo\.yaml: a FIFO, not a regular file"):
+        stack_config("fifo", project_dir=tmp_path)
+
+
+def test_deploy_with_a_pulumi_that_never_answers_says_so(tmp_path: Path) -> None:
+    path = _fake_pulumi(tmp_path / "bin", "#!/bin/sh\nexec sleep 3600\n")
+
+    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path)
+
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert "`pulumi version` did not answer within" in line
+
+
+def test_deploy_with_a_pulumi_that_is_not_executable_says_so(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "pulumi").write_text("#!/bin/sh\n")
+
+    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path,
+                path=f"{tmp_path / 'bin'}:/usr/bin:/bin")  # fmt: skip
+
+    assert done.returncode == 2
+    assert f"{tmp_path / 'bin' / 'pulumi'}: not executable" in done.stderr
