@@ -58,10 +58,10 @@ def _quote(value: str) -> str:
 
 def _read_hcas(sysfs_root: Path, names: list[str]) -> list[Hca]:
     class_ib = sysfs_root / "class" / "infiniband"
-    if not class_ib.is_dir():
+    if not class_ib.parent.is_dir():
         raise NoGidError(
-            f"{class_ib} does not exist: --sysfs-root must name where sysfs is mounted (/sys), "
-            "on a node whose RDMA driver is loaded"
+            f"{class_ib.parent} does not exist: --sysfs-root must name where sysfs is mounted "
+            "(/sys)"
         )
     discovery = SysfsDiscovery(sysfs_root, Path("/dev"))
     hcas: list[Hca] = []
@@ -73,7 +73,7 @@ def _read_hcas(sysfs_root: Path, names: list[str]) -> list[Hca]:
         if hca is None:
             raise NoGidError(
                 f"{name}: not in {class_ib}: the RDMA devices are not visible in this network "
-                "namespace (RDMA netns mode exclusive?)"
+                "namespace (RDMA netns mode exclusive?), or the node's RDMA driver is not loaded"
             )
         hcas.append(hca)
     return hcas

@@ -284,7 +284,7 @@ def _podenv_here(
         (("--hcas", "mlx5_0", "--set", "é=1"), "expected KEY=VALUE with an ASCII variable name"),
         (("--hcas", "mlx5_0", "--out", ""), "--out: empty: name a file, or omit --out"),
         (("--hcas", "mlx5_0", "--sysfs-root", "/nonexistent"),
-         "/nonexistent/class/infiniband does not exist: --sysfs-root must name where sysfs"),
+         "/nonexistent/class does not exist: --sysfs-root must name where sysfs"),
     ],
     ids=["hca-path", "computed-key", "key-twice", "non-ascii-key", "empty-out", "no-sysfs"],
 )  # fmt: skip
