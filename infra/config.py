@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from plugin.config import (
     check_resource_name,
     parse_pool,
 )
-from plugin.launch import LaunchError, LaunchSpec
+from plugin.launch import RESCAN_INTERVAL_RANGE, LaunchError, LaunchSpec
 from plugin.userfiles import shown
 
 PROJECT = "lingjun-rdma"
@@ -265,10 +266,11 @@ def unknown_key_problems(keys: Iterable[str]) -> list[str]:
     """A line per key of the namespace that this project does not know (a misspelling)."""
     prefix = f"{PROJECT}:"
     unknown = sorted({k.removeprefix(prefix) for k in keys if k.startswith(prefix)} - _KNOWN_KEYS)
+    named = {k: _key(k) if len(k) <= 80 else shown(k) for k in unknown}
     return [
-        f"{_key(k)}: unknown key: fix its spelling or remove it (pulumi config rm {_key(k)}); "
+        f"{name}: unknown key: fix its spelling or remove it (pulumi config rm {name}); "
         f"known keys: {', '.join(sorted(_KNOWN_KEYS))}"
-        for k in unknown
+        for name in named.values()
     ]
 
 
@@ -300,9 +302,13 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
     values: dict[str, Any] = {}
     images: dict[str, str] = {}
     problems = _plaintext_credentials(raw, secret)
+    reference_problems: list[str] = []
     for key, value in raw.items():
-        if key in _IMAGE_KEYS:
+        if key in _IMAGE_KEYS:  # checked whether or not its sample is enabled
             images[key] = value
+            problem = reference_problem(value)
+            if problem is not None:
+                reference_problems.append(f"{_key(key)}: {problem} {_set(key, '<image>:<tag>')}")
         elif key in _LIST_KEYS:
             try:
                 values[key] = json.loads(value)
@@ -332,6 +338,7 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
         *plugin_problems,
         *launch_problems,
         *image_problems,
+        *reference_problems,
         *sample_problems,
         *timeout_problems,
     ]
@@ -363,9 +370,10 @@ def _plaintext_credentials(raw: Mapping[str, str], secret: Set[str]) -> list[str
 def _describe(error: Any) -> str:
     loc = error["loc"]
     key = str(loc[0]) if loc else "(all)"
+    item = "".join(f"[{i}]" for i in loc[1:] if isinstance(i, int))  # sampleJobs[1]
     if error["type"] == "missing":
         return f"{_key(key)}: required: set it {_set(key, '<value>')}"
-    return f"{_key(key)}: {error['msg']} {_set(key, '<value>')}"
+    return f"{_key(key)}{item}: {error['msg']} {_set(key, '<value>')}"
 
 
 def _check_network_mode(k: _Keys) -> list[str]:
@@ -495,6 +503,7 @@ def _network(k: _Keys) -> tuple[NetworkPlan | None, list[str]]:
 _SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 # An Alibaba Cloud region ID, and a Kubernetes version as ACK spells it.
 _REGION = re.compile(r"[a-z]{2}(-[a-z0-9]+)+")
+_CLOUD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _K8S_VERSION = re.compile(r"1\.[0-9]{1,2}\.[0-9]{1,3}(-aliyun\.[0-9]{1,3})?")
 
 
@@ -511,6 +520,21 @@ def _check_names(k: _Keys) -> list[str]:
             f"ACK spells it {_set('kubernetesVersion', '1.34.1-aliyun.1')}, or unset it for "
             f"ACK's default (pulumi config rm {_key('kubernetesVersion')})"
         )
+    ids = {
+        "clusterId": k.cluster_id,
+        "lingjunClusterId": k.lingjun_cluster_id,
+        "lingjunNodeGroupId": k.lingjun_node_group_id,
+        "lingjunMachineType": k.lingjun_machine_type,
+        "lingjunImageId": k.lingjun_image_id,
+        "lingjunHpnZone": k.lingjun_hpn_zone,
+        **{f"zoneIds[{i}]": z for i, z in enumerate(k.zone_ids)},
+    }
+    for key, value in ids.items():
+        if value is not None and not _CLOUD_ID.fullmatch(value):
+            problems.append(
+                f"{_key(key)}: {shown(value)} is not an Alibaba Cloud ID or name (letters, "
+                f"digits, '.', '_', ':', '-'; at most 128) {_set(key.split('[')[0], '<id>')}"
+            )
     if k.namespace in _SYSTEM_NAMESPACES:
         problems.append(
             f"{_key('namespace')}: {k.namespace} is the cluster's own: the program creates and "
@@ -558,9 +582,13 @@ def _plugin_launch(k: _Keys) -> tuple[LaunchSpec | None, list[str]]:
             discovery="sysfs",
             rescan_interval=k.rdma_rescan_interval,
         )
-    except LaunchError as exc:
+    except LaunchError:
         key = "rdmaRescanInterval"
-        return None, [f"{_key(key)}: {exc.why} {_set(key, f'{LaunchSpec().rescan_interval:g}')}"]
+        low, high = RESCAN_INTERVAL_RANGE  # the stack key is whole seconds within the plugin's
+        return None, [
+            f"{_key(key)}: must be {max(1, math.ceil(low))}-{high:g} whole seconds "
+            f"{_set(key, f'{LaunchSpec().rescan_interval:g}')}"
+        ]
     return spec, []
 
 
@@ -582,10 +610,17 @@ def _pool_problem(problem: Problem) -> str:
 def _plugin_image(k: _Keys) -> tuple[PinnedImage | BuiltImage | None, list[str]]:
     if k.plugin_image_build:
         return _built_image(k)
-    if k.acr_instance_id is not None:
+    build_only = {
+        "acrInstanceId": k.acr_instance_id,
+        "registryUsername": k.registry_username,
+        "registryPassword": k.registry_password,
+    }
+    unused = [key for key, value in build_only.items() if value is not None]
+    if unused:
         return None, [
-            f"{_key('acrInstanceId')}: only used with {_key('pluginImageBuild')}: true "
-            f"(pulumi config rm {_key('acrInstanceId')})"
+            f"{_key(key)}: only used with {_key('pluginImageBuild')}: true "
+            f"(pulumi config rm {_key(key)})"
+            for key in unused
         ]
     if k.plugin_image is None:
         return None, [
@@ -670,10 +705,6 @@ def _samples(k: _Keys, images: Mapping[str, str]) -> tuple[tuple[SampleJob, ...]
                 f"{_key(sample.image_key)}: required because {_key('sampleJobs')} enables "
                 f"{name} {_set(sample.image_key, '<image>:<tag>')}"
             )
-        elif (problem := reference_problem(images[sample.image_key])) is not None:
-            problems.append(
-                f"{_key(sample.image_key)}: {problem} {_set(sample.image_key, '<image>:<tag>')}"
-            )
-        else:
+        elif reference_problem(images[sample.image_key]) is None:  # else said with the keys
             samples.append(SampleJob(name, images[sample.image_key]))
     return tuple(samples), problems

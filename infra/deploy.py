@@ -17,20 +17,21 @@ if __name__ == "__main__":  # before the imports below, which are most of a shor
 
     exit_quietly("deploy")
 
-import argparse
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from pulumi import automation as auto
 
 from infra.config import PROJECT, PROJECT_DIR, StackConfigError
+from infra.interrupt import children
 from infra.program import main as program_main
 from infra.stackfiles import StackFileError, stack_config
+from plugin.terminal import Parser, say
 
 ACTIONS = ("preview", "up", "refresh", "destroy")
 
@@ -133,7 +134,7 @@ def check_project(project_dir: Path, stack: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.deploy", description=__doc__)
+    parser = Parser("python -m infra.deploy", __doc__)
     parser.add_argument("action", choices=ACTIONS)
     parser.add_argument("--stack", required=True, help="dev, staging, prod or local")
     parser.add_argument("--diff", action="store_true", help="show each resource's diff")
@@ -144,29 +145,43 @@ def main(argv: list[str] | None = None) -> int:
         help="where Pulumi.yaml and stacks/ are (default: this checkout)",
     )
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt below
     try:
         check_project(args.project_dir, args.stack)
-        stack = open_stack(args.stack, args.project_dir, pulumi=pulumi_cli())
+        pulumi = pulumi_cli()
+        print(  # what the engine's first output may be a while coming for
+            f"deploy: {args.action} of stack {args.stack} with "
+            f"{shutil.which(pulumi.command) or pulumi.command} "
+            f"{pulumi.version}; the engine's output follows",
+            flush=True,
+        )
+        stack = open_stack(args.stack, args.project_dir, pulumi=pulumi)
         run(args.action, stack, diff=args.diff)
     except DeployError as exc:
-        print(f"deploy: {exc}", file=sys.stderr)
+        say(f"deploy: {exc}")
         return 2
     except auto.CommandError as exc:
         # the engine's own output went to stdout already; this names the failed command
-        print(f"deploy: {args.action} --stack {args.stack}: failed:\n{exc}", file=sys.stderr)
+        say(f"deploy: {args.action} --stack {args.stack}: failed:\n{exc}")
         return 1
     except KeyboardInterrupt:
-        print(
-            f"deploy: {args.action} --stack {args.stack}: interrupted; if the stack stays "
-            "locked, `pulumi cancel` releases it",
-            file=sys.stderr,
+        say(
+            f"deploy: {args.action} --stack {args.stack}: if the stack stays locked, "
+            "`pulumi cancel` releases it"
         )
-        return 130
+        raise
     return 0
 
 
-if __name__ == "__main__":
-    from infra.interrupt import done
+def pass_on(signum: int) -> None:
+    """A SIGTERM reaches only this process: the `pulumi` it runs gets the SIGINT a Ctrl-C
+    would have sent it (it cancels the operation cleanly), not left running unsupervised."""
+    if signum == signal.SIGTERM:
+        for child in children():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGINT)
 
-    done(main())
+
+if __name__ == "__main__":
+    from infra.interrupt import guard
+
+    guard(main, on_signal=pass_on)

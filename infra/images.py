@@ -25,9 +25,11 @@ def reference_problem(image: str) -> str | None:
     # case only there (a runtime refuses UPPER/x:1 as an invalid reference)
     registry = slash and ("." in first or ":" in first or first == "localhost")
     if not _REFERENCE.fullmatch(image) or (not registry and first != first.lower()):
-        return (
-            f"not an image reference ({FORM}); a registry login never goes in one: "
-            "use registryUsername and registryPassword"
+        login = "@" in image.partition("/")[0] or "://" in image
+        return f"not an image reference ({FORM})" + (
+            "; a registry login never goes in one: use registryUsername and registryPassword"
+            if login
+            else ""
         )
     name = image.partition("@")[0]
     last = name.rpartition("/")[2]

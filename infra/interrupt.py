@@ -1,24 +1,104 @@
-"""Ctrl-C in the infra commands: one line and exit 130 wherever it lands, in the imports too
-(Pulumi's SDKs are most of a short run). Imported first by a command run as a program."""
+"""Ctrl-C and SIGTERM in the infra commands: one line, and exit 130 or 143, wherever they land:
+in the imports (Pulumi's SDKs are most of a short run), in the work (which unwinds, removing
+what it half wrote), in an asyncio loop (deferred to its end), or in a callback that swallows
+the exception (remembered and said at the exit). Imported first by a command run as a
+program."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
-from typing import NoReturn
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+from plugin.terminal import say
+
+_STOPS = (signal.SIGINT, signal.SIGTERM)
+_prog = ""
+_received: int | None = None
+_deferring = False
 
 
 def exit_quietly(prog: str) -> None:
-    def stop(signum: int, frame: object) -> None:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        raise SystemExit(130)  # unwinds like an error (a half-written render is removed)
+    """While the program imports: a signal ends it at once (nothing to clean up yet)."""
+    global _prog
+    _prog = prog
 
-    signal.signal(signal.SIGINT, stop)
+    def leave(signum: int, frame: object) -> None:
+        _say(signum)
+        raise SystemExit(128 + signum)
+
+    for sig in _STOPS:
+        signal.signal(sig, leave)
 
 
-def done(code: int) -> NoReturn:
-    """Exit with `code`, ignoring a Ctrl-C from now on: Python puts the default handler back
-    while it shuts down (Pulumi's threads make that take a while), and a late Ctrl-C would
-    kill a finished run with a traceback-less -2."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def guard(main: Callable[[], int], *, on_signal: Callable[[int], None] | None = None) -> NoReturn:
+    """Exit with main()'s code. A signal raises KeyboardInterrupt where it lands, after
+    `on_signal(signum)` (e.g. to pass it on to a child process)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        global _received
+        _received = signum
+        if on_signal is not None:
+            on_signal(signum)
+        if not _deferring:
+            raise KeyboardInterrupt
+
+    for sig in _STOPS:
+        signal.signal(sig, interrupt)
+    hook = sys.unraisablehook
+
+    def quiet(unraisable: Any) -> None:  # a KeyboardInterrupt raised inside a callback
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            hook(unraisable)
+
+    sys.unraisablehook = quiet
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        code = -1
+    # From here on a signal changes nothing: Python puts the default handlers back while it
+    # shuts down (Pulumi's threads make that take a while), and one then would kill the run.
+    for sig in _STOPS:
+        signal.signal(sig, signal.SIG_IGN)
+    if _received is not None and code != 128 + _received:
+        _say(_received)
+        code = 128 + _received
     sys.exit(code)
+
+
+@contextmanager
+def deferred() -> Generator[None]:
+    """A block a signal must not break into (an asyncio loop: an exception raised inside its
+    callbacks corrupts its tasks): the signal takes effect as the block ends."""
+    global _deferring
+    _deferring = True
+    try:
+        yield
+    finally:
+        _deferring = False
+    if _received is not None:
+        raise KeyboardInterrupt
+
+
+def children() -> list[int]:
+    """This process's child processes (from /proc: no library needed)."""
+    found: list[int] = []
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me:
+            found.append(int(entry))
+    return found
+
+
+def _say(signum: int) -> None:
+    say(f"{_prog}: {'interrupted' if signum == signal.SIGINT else 'terminated'}")

@@ -14,13 +14,12 @@ if __name__ == "__main__":  # before the imports below, which are most of a shor
 
     exit_quietly("render")
 
-import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, cast
@@ -32,6 +31,7 @@ from kubernetes_validate.utils import (  # pyright: ignore[reportMissingTypeStub
 )
 
 from infra.config import StackConfigError
+from infra.interrupt import deferred
 from infra.jobs import JobSpecError
 from infra.offline import (
     SECRET,
@@ -45,12 +45,17 @@ from infra.offline import (
 )
 from infra.stackfiles import StackFileError, stack_config
 from plugin.config import ConfigError
+from plugin.terminal import Parser, say
 from plugin.userfiles import MAX_FILE_BYTES, UnreadableError, read_text, shown
 
 KUBERNETES_VERSION = "1.34.0"
 # Written into every directory a render makes, listing what it wrote: only a directory that
 # holds nothing else, unchanged, is ever replaced.
 MARKER = ".lingjun-render"
+
+
+# The names a render gives its files: kind-namespace-name.yaml, plan.md.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 
 class OutputError(RuntimeError):
@@ -120,6 +125,11 @@ def check_out(out: Path) -> None:
     what it did not write."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise OutputError(f"--out {out}: not a directory: name a new or empty directory")
+    above = out.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():  # --out under a regular file: mkdir would say "File exists"
+        raise OutputError(f"--out {out}: {above} is not a directory")
     if not out.is_dir():
         return
     try:
@@ -147,7 +157,14 @@ def _written(out: Path) -> dict[str, list[object]]:
     except (UnreadableError, ValueError):
         return {}
     files = cast(dict[str, object], data).get("files") if isinstance(data, dict) else None
-    return cast(dict[str, list[object]], files) if isinstance(files, dict) else {}
+    if not isinstance(files, dict):
+        return {}
+    listed = cast(dict[object, list[object]], files)
+    # A render writes plain names in its own directory: a list naming anything else
+    # (../x, /etc/x) is not one it wrote, and nothing it names is ever deleted.
+    if not all(isinstance(n, str) and _PLAIN_NAME.fullmatch(n) for n in listed):
+        return {}
+    return cast(dict[str, list[object]], listed)
 
 
 def _digest(path: Path) -> list[object] | None:
@@ -169,7 +186,8 @@ def render(stack: str, out: Path, overrides: list[str] | None = None) -> list[Pa
     except OSError as exc:  # a name too long, a dir that cannot be entered, a cwd gone
         raise OutputError(f"--out {out}: {exc.strerror or exc}") from None
     config, secret_keys = stack_config(stack, overrides)
-    result = run_program(stack, config, secret_keys)
+    with deferred():  # Pulumi's mock engine is an asyncio loop
+        result = run_program(stack, config, secret_keys)
     check_unique(result)
     objects = manifests(result)
     for manifest in objects:
@@ -238,7 +256,7 @@ def _remove_render(directory: Path) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.render", description=__doc__)
+    parser = Parser("python -m infra.render", __doc__)
     parser.add_argument("--stack", required=True, help="dev, staging, prod or local")
     parser.add_argument("--out", type=Path, required=True, help="directory to (re)write")
     parser.add_argument(
@@ -252,21 +270,25 @@ def main(argv: list[str] | None = None) -> int:
     stack = args.stack if len(args.stack) <= 100 else shown(args.stack)
     try:
         files = render(args.stack, args.out, args.set)
-        print(f"render: {stack}: wrote {len(files)} files to {args.out}")
     except (OutputError, StackFileError) as exc:
-        print(f"render: {stack}: error: {exc}", file=sys.stderr)
+        say(f"render: {stack}: error: {exc}")
         return 2
     except (RenderError, StackConfigError, JobSpecError, ConfigError) as exc:
-        print(f"render: {stack}: error:\n{exc}", file=sys.stderr)
+        say(f"render: {stack}: error:\n{exc}")
         return 1
     except OSError as exc:  # the last boundary: a file-system error anywhere, stdout full
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"render: {stack}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        say(f"render: {stack}: error: {where}{exc.strerror or exc}")
         return 2
+    wrote = f"render: {stack}: wrote {len(files)} files to {args.out}"
+    try:
+        print(wrote, flush=True)
+    except OSError as exc:  # the render is done: only its report could not be printed
+        say(f"{wrote} (stdout: {exc.strerror or exc})")
     return 0
 
 
 if __name__ == "__main__":
-    from infra.interrupt import done
+    from infra.interrupt import guard
 
-    done(main())
+    guard(main)

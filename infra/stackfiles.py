@@ -46,8 +46,8 @@ def stack_config(
 ) -> tuple[dict[str, str], list[str]]:
     """Pulumi.yaml defaults, then stacks/Pulumi.<stack>.yaml, then KEY=VALUE overrides."""
     stack_file = find_stack_file(stack, project_dir)
-    defaults = _config_section(project_dir / "Pulumi.yaml", required=False)
-    values = _config_section(stack_file, required=True)
+    defaults = _config_section(project_dir / "Pulumi.yaml", project=True)
+    values = _config_section(stack_file, project=False)
     config: dict[str, str] = {}
     secret_keys: list[str] = []
     for key, schema in defaults.items():
@@ -62,10 +62,11 @@ def stack_config(
             config[_qualify(key)] = _as_config_string(value)
     for number, item in enumerate(overrides or [], 1):
         key, sep, value = item.partition("=")
-        if not sep or not key:
+        if not sep or not _CONFIG_KEY.fullmatch(key):
             # not quoted back: a value typed with ':' for '=' may be a password
             raise StackFileError(
-                f"--set number {number}: expected KEY=VALUE, e.g. --set nonHostNetwork=true"
+                f"--set number {number}: expected KEY=VALUE with KEY a config key (region, "
+                "or namespace:key), e.g. --set nonHostNetwork=true"
             )
         config[_qualify(key)] = value
         if key.removeprefix(f"{PROJECT}:") in CREDENTIAL_KEYS and _qualify(key) not in secret_keys:
@@ -78,26 +79,43 @@ def stack_config(
     return config, secret_keys
 
 
-def _config_section(path: Path, *, required: bool) -> dict[str, Any]:
-    """The `config:` mapping of a Pulumi project or stack file, or StackFileError in one line."""
+# A config key as Pulumi spells one: `name`, or `namespace:name`.
+_CONFIG_KEY = re.compile(r"(?:[A-Za-z][A-Za-z0-9_.-]*:)?[A-Za-z][A-Za-z0-9_.-]*")
+# What a stack file holds besides `config:` (Pulumi's own keys for its secrets provider).
+_STACK_FILE_KEYS = {"config", "secretsprovider", "encryptedkey", "encryptionsalt", "environment"}
+
+
+def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
+    """The `config:` mapping of this project's Pulumi.yaml or of a stack file, or
+    StackFileError in one line."""
     where = path.relative_to(PROJECT_DIR) if path.is_relative_to(PROJECT_DIR) else path
     try:
         doc: Any = parse_yaml(read_text(path))
     except (UnreadableError, ParseError) as exc:
         raise StackFileError(f"{where}: {exc}") from None
+    if project and (not isinstance(doc, dict) or cast(dict[str, Any], doc).get("name") != PROJECT):
+        raise StackFileError(f"{where}: not this project's (it needs name: {PROJECT})")
     if doc is None:
-        if required:
-            raise StackFileError(
-                f"{where}: empty: it needs a `config:` mapping of the stack's keys"
-            )
-        return {}
+        raise StackFileError(f"{where}: empty: it needs a `config:` mapping of the stack's keys")
     if not isinstance(doc, dict):
         found = type(doc).__name__
         raise StackFileError(f"{where}: a {found}, not a mapping with a `config:` key")
-    config: Any = cast(dict[str, Any], doc).get("config") or {}
+    top = cast(dict[object, Any], doc)
+    stray = [k for k in top if not project and k not in _STACK_FILE_KEYS]
+    if stray:
+        raise StackFileError(
+            f"{where}: unknown top-level key {shown(stray[0])}: the stack's settings go under "
+            "`config:`"
+        )
+    config: Any = top.get("config") or {}
     if not isinstance(config, dict):
         found = type(config).__name__
         raise StackFileError(f"{where}: `config:` is a {found}, not a mapping of keys to values")
+    for key in cast(dict[object, Any], config):
+        if not isinstance(key, str) or not _CONFIG_KEY.fullmatch(key):
+            raise StackFileError(
+                f"{where}: config key {shown(key)} is not a key (region, or namespace:key)"
+            )
     return cast(dict[str, Any], config)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from plugin.config import ConfigError, PluginConfig, load_config
 from plugin.discovery.model import Discovery, DiscoveryError
 from plugin.discovery.sysfs import SysfsDiscovery
 from plugin.kubelet import MAX_UNIX_PATH, socket_name
+from plugin.terminal import say
 
 logger = logging.getLogger("plugin")
 
@@ -63,19 +65,22 @@ def main(argv: list[str] | None = None) -> int:
         check_socket_paths(spec.device_plugin_dir, config)
         discovery = choose_discovery(spec.discovery, spec.sysfs_root, spec.dev_root)
     except (ConfigError, DiscoveryError) as exc:
-        print(f"rdma-device-plugin: {exc}", file=sys.stderr)
+        say(f"rdma-device-plugin: {exc}")
         return 2
     logger.info(
         "discovery: %s; pools: %s",
         discovery.name,
         ", ".join(f"{p.resource_name} ({p.mode})" for p in config.pools),
     )
+    # Until the loop's own handlers: a hangup or an interrupt while waiting for the lock
+    # stops the wait with one line (a hangup never kills the plugin outright).
+    signal.signal(signal.SIGHUP, signal.default_int_handler)
     try:
         with instance.held(spec.device_plugin_dir):
             return asyncio.run(supervisor.run(spec, config, discovery))
     except instance.LockError as exc:
-        print(f"rdma-device-plugin: --device-plugin-dir {exc}", file=sys.stderr)
+        say(f"rdma-device-plugin: --device-plugin-dir {exc}")
         return 2
     except KeyboardInterrupt:  # before the loop's own SIGINT handler: waiting for the lock
-        print("rdma-device-plugin: interrupted before serving", file=sys.stderr)
+        say("rdma-device-plugin: interrupted before serving")
         return 130

@@ -204,13 +204,15 @@ def parse_pool(data: Mapping[str, object]) -> Pool:
 
 def load_config(path: Path, *, explicit: bool) -> PluginConfig:
     """Read the config file; an absent default path means defaults, an absent explicit one fails."""
-    if not path.exists():
-        if explicit:
-            raise ConfigError(f"--config {path}: no such file: fix the path or omit --config")
-        return PluginConfig()
     try:
         text = read_text(path)
     except UnreadableError as exc:
+        if exc.missing and not explicit:
+            return PluginConfig()
+        if exc.missing:
+            raise ConfigError(
+                f"--config {path}: no such file: fix the path or omit --config"
+            ) from None
         raise ConfigError(
             f"--config {path}: cannot be read ({exc}): point it at the plugin's YAML file"
         ) from None
@@ -254,7 +256,9 @@ class _Reader:
             elif isinstance(key, str) and _camel(key) in names:
                 self._fail((*loc, key), f"unknown key: the file spells it {_camel(key)}")
             else:
-                self._fail((*loc, str(key)), "unknown key: remove it or fix its spelling")
+                label = "(a null key)" if key is None else key if isinstance(key, str) else None
+                where = label if label is not None and len(label) <= 80 else shown(key)
+                self._fail((*loc, where), "unknown key: remove it or fix its spelling")
         return read
 
     def _build(self, loc: Loc, make: Callable[[], _T]) -> _T | None:

@@ -140,7 +140,7 @@ def _no_gid(
     names = ", ".join(without) or "(no HCA allocated)"
     gids = "; ".join(
         f"{h.name} port {p.number}: "
-        + (", ".join(f"{g.index}={g.gid}" for g in p.gids if g.type == ROCE_V2) or "none")
+        + (", ".join(f"{g.index}={_gid_ip(g)}" for g in p.gids if g.type == ROCE_V2) or "none")
         for h in hcas
         if h.name in without
         for p in h.ports

@@ -63,8 +63,9 @@ class HealthWatcher:
                 tasks.create_task(events.run())
                 while True:
                     trigger = "event"
-                    try:
-                        await asyncio.wait_for(self._trigger.wait(), timeout=self.interval)
+                    try:  # asyncio.timeout, not wait_for: 3.11's wait_for can lose a cancel
+                        async with asyncio.timeout(self.interval):
+                            await self._trigger.wait()
                     except TimeoutError:
                         trigger = "periodic"
                     self._trigger.clear()

@@ -4,7 +4,6 @@ is re-created, our socket is deleted, or the kubelet ends ListAndWatch."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import stat
@@ -36,6 +35,8 @@ _BACKOFF_START, _BACKOFF_MAX = 0.1, 5.0
 # Register is synchronous in the kubelet: it dials us back (up to 10 s) before answering. The
 # connect before it gets as long: a kubelet.sock that never answers is retried with backoff.
 _REGISTER_TIMEOUT = 15.0
+# A kubelet answers a connection at once: one that has not after this long is said to be slow.
+_SLOW = 1.0
 
 
 def socket_name(resource_name: str) -> str:
@@ -119,7 +120,8 @@ class Endpoint:
                     # starting kubelet deleted the socket before it answered
                     self.metrics.errors.labels(kind="serve").inc()
                     self._waiting(f"cannot serve {self.path}: {exc}", backoff)
-                    await self._sleep_unless_woken(backoff)
+                    # not woken early: the dir's events are mostly our own tries at binding
+                    await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, _BACKOFF_MAX)
                     continue
                 backoff = _BACKOFF_START
@@ -143,8 +145,8 @@ class Endpoint:
         async with grpc.aio.insecure_channel(
             f"unix://{self.kubelet}", options=CHANNEL_OPTIONS
         ) as channel:
-            ready = asyncio.wait_for(_connected(channel, self.kubelet), _REGISTER_TIMEOUT)
             # connected, and to `target` only if it is still the file there
+            ready = self._connected(channel)
             if not await self._unless_moot(ready, target) or self._moot(target):
                 return False
             call = api_pb2_grpc.RegistrationStub(channel).Register(
@@ -186,11 +188,39 @@ class Endpoint:
 
     async def _sleep_unless_woken(self, seconds: float) -> bool:
         """True when woken before `seconds` passed."""
-        try:
-            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+        try:  # asyncio.timeout, not wait_for: 3.11's wait_for can lose a cancel (a SIGTERM)
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
         except TimeoutError:
             return False
         return True
+
+    async def _connected(self, channel: grpc.aio.Channel) -> None:
+        """Until `channel` to kubelet.sock is connected (TimeoutError after _REGISTER_TIMEOUT);
+        at its first failure, UnreachableError saying why (grpc would otherwise retry quietly,
+        with backoff, until the timeout). A kubelet that does not answer at once is said."""
+        async with asyncio.timeout(_REGISTER_TIMEOUT):
+            state = channel.get_state(try_to_connect=True)
+            slow_said = False
+            while state != grpc.ChannelConnectivity.READY:
+                if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                    raise UnreachableError(_connect_error(self.kubelet))
+                try:
+                    async with asyncio.timeout(_SLOW):
+                        await channel.wait_for_state_change(state)
+                except TimeoutError:
+                    if slow_said:
+                        continue
+                    slow_said = True
+                    logger.warning(
+                        "%s: waiting for the kubelet: %s has not completed a gRPC connection "
+                        "in %.0fs (waiting up to %.0fs)",
+                        self.resource,
+                        self.kubelet,
+                        _SLOW,
+                        _REGISTER_TIMEOUT,
+                    )
+                state = channel.get_state(try_to_connect=True)
 
     async def stop(self) -> None:
         await self._servicer.stop_streams()
@@ -222,21 +252,18 @@ class Endpoint:
         logger.info("%s: serving %s", self.resource, self.path)
 
     def _clear_path(self) -> None:
-        """Our socket's path freed: a stale socket of ours goes quietly, anything else is said."""
+        """Our socket's path freed of a socket a previous server left; anything else there is
+        someone's, and stays: OSError saying so (the run loop waits, saying it)."""
         try:
             mode = self.path.lstat().st_mode
         except OSError:
             return
         if not stat.S_ISSOCK(mode):
-            logger.warning(
-                "%s: removing %s, %s where this plugin's socket goes",
-                self.resource,
-                self.path,
-                file_kind(mode),
+            raise OSError(
+                f"{self.path} is {file_kind(mode)}, not this plugin's socket: move it away "
+                "(the plugin deletes only sockets there)"
             )
-        # a dir with files in it stays: the bind then says it cannot make the socket
-        with contextlib.suppress(OSError):
-            self.path.rmdir() if stat.S_ISDIR(mode) else self.path.unlink()
+        self.path.unlink(missing_ok=True)
 
     def _waiting(self, why: str, backoff: float) -> None:
         """Say at once what we wait for and why; a reason already said goes to debug."""
@@ -263,7 +290,14 @@ class Endpoint:
                         return False
                 except (grpc.aio.AioRpcError, TimeoutError, UnreachableError) as exc:
                     self.metrics.registrations.labels(self.resource, "error").inc()
-                    if isinstance(exc, grpc.aio.AioRpcError):
+                    if isinstance(exc, grpc.aio.AioRpcError) and (
+                        exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                    ):
+                        why = (
+                            f"the kubelet did not answer Register within "
+                            f"{_REGISTER_TIMEOUT:.0f}s (a hung kubelet?)"
+                        )
+                    elif isinstance(exc, grpc.aio.AioRpcError):
                         why = f"the kubelet refused Register ({exc.code().name}: {exc.details()})"
                     elif isinstance(exc, UnreachableError):
                         why = f"waiting for the kubelet: {kubelet} {exc}"
@@ -321,17 +355,6 @@ def _not_a_kubelet(path: Path) -> str | None:
             "the kubelet can listen there"
         )
     return None
-
-
-async def _connected(channel: grpc.aio.Channel, path: Path) -> None:
-    """Until `channel` is connected; at its first failure, UnreachableError saying why (grpc
-    would otherwise retry quietly, with backoff, until our timeout)."""
-    state = channel.get_state(try_to_connect=True)
-    while state != grpc.ChannelConnectivity.READY:
-        if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-            raise UnreachableError(_connect_error(path))
-        await channel.wait_for_state_change(state)
-        state = channel.get_state(try_to_connect=True)
 
 
 def _connect_error(path: Path) -> str:

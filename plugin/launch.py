@@ -5,12 +5,14 @@ from one. A default written here is written nowhere else."""
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal, get_args
 
 from plugin.config import DEFAULT_CONFIG_PATH, DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_METRICS_PORT
+from plugin.terminal import Parser
 from plugin.userfiles import decimal
 
 DiscoveryKind = Literal["auto", "verbs", "sysfs"]
@@ -94,16 +96,21 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+def _path(text: str) -> Path:
+    """A path flag, made absolute: grpc reads `unix://dir/x` as a host named dir."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty: name a path")
+    return Path(os.path.abspath(text))
+
+
 def parse(argv: list[str] | None) -> LaunchSpec:
     """The command line as a LaunchSpec; a bad flag exits 2 naming it (argparse's way)."""
-    parser = argparse.ArgumentParser(
-        prog="rdma-device-plugin", description="Kubernetes device plugin for RDMA HCAs (rdma/hca)"
-    )
+    parser = Parser("rdma-device-plugin", "Kubernetes device plugin for RDMA HCAs (rdma/hca)")
     defaults = LaunchSpec()
     for f in fields(LaunchSpec):
         default = getattr(defaults, f.name)
         kind: Callable[[str], object] = (
-            float if isinstance(default, float) else str if isinstance(default, str) else Path
+            float if isinstance(default, float) else str if isinstance(default, str) else _path
         )
         parser.add_argument(
             _flag(f.name),

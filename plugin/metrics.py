@@ -140,7 +140,8 @@ async def serve_http(
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            async with asyncio.timeout(5):
+                request = await reader.readuntil(b"\r\n\r\n")
             # bytes compared as bytes: a path that is not UTF-8 is just not one of ours
             path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
             if path == b"/metrics":

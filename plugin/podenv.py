@@ -33,6 +33,7 @@ from plugin.discovery.sysfs import SysfsDiscovery
 from plugin.gidchoice import COMPUTED, Choice, Family, NoGidError, choose
 from plugin.netaddrs import namespace_addresses
 from plugin.pool import HCAS_ENV
+from plugin.terminal import Parser, say
 from plugin.userfiles import file_kind, shown, why_not_writable
 
 FAMILIES: tuple[Family, ...] = ("ipv6", "ipv4")
@@ -118,7 +119,7 @@ def _hca_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m plugin.podenv", description=__doc__)
+    p = Parser("python -m plugin.podenv", __doc__)
     p.add_argument("--sysfs-root", type=Path, default=Path("/sys"))
     p.add_argument("--hcas", default=os.environ.get(HCAS_ENV, ""), help=f"default ${HCAS_ENV}")
     p.add_argument("--family", choices=["auto", *FAMILIES], default="auto")
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         choice = choose(hcas, namespace_addresses(), family)
     except NoGidError as exc:
-        print(f"lingjun-rdma podenv: {exc}", file=sys.stderr)
+        say(f"lingjun-rdma podenv: {exc}")
         return 1
     text = render(choice, extra)
     try:
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             write_atomically(args.out, text)
     except OSError as exc:
         where = "stdout" if args.out is None else f"--out {args.out}"
-        print(f"lingjun-rdma podenv: {where}: {_why(exc, args.out)}", file=sys.stderr)
+        say(f"lingjun-rdma podenv: {where}: {_why(exc, args.out)}")
         return 2
     return 0
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from plugin.health import HealthWatcher
 from plugin.kubelet import Endpoint
 from plugin.launch import LaunchSpec
 from plugin.metrics import Metrics, serve_http
+from plugin.terminal import say
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +66,9 @@ async def run(spec: LaunchSpec, config: PluginConfig, discovery: Discovery) -> i
                 lambda: all(e.serving for e in endpoints.values()),
             )
         except (OSError, ValueError) as exc:
-            print(
+            say(
                 f"rdma-device-plugin: --metrics-address {spec.metrics_address}: {exc}: "
-                "use a free HOST:PORT, or an empty value to disable",
-                file=sys.stderr,
+                "use a free HOST:PORT, or an empty value to disable"
             )
             return 2
 

@@ -4,6 +4,7 @@ memory, or have one of two values win silently."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -34,7 +35,12 @@ _DECIMAL = re.compile(r"[0-9]+")
 
 
 class UnreadableError(ValueError):
-    """A file that is not read: the message says why (`a FIFO, not a regular file`)."""
+    """A file that is not read: the message says why (`a FIFO, not a regular file`);
+    `missing` when there is no file at all."""
+
+    def __init__(self, why: str, *, missing: bool = False) -> None:
+        super().__init__(why)
+        self.missing = missing
 
 
 def decimal(text: str) -> int | None:
@@ -75,7 +81,8 @@ def read_text(path: Path, limit: int = MAX_FILE_BYTES) -> str:
             mode = stat.S_IFREG
         if not stat.S_ISREG(mode):
             raise UnreadableError(f"{file_kind(mode)}, not a regular file") from None
-        raise UnreadableError(exc.strerror or str(exc)) from None
+        missing = exc.errno == errno.ENOENT
+        raise UnreadableError(exc.strerror or str(exc), missing=missing) from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -127,7 +134,15 @@ def parse_yaml(text: str) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ParseError(f"{at}{exc.problem or exc}") from None
+        # "expected a single document in the stream, but found another document"
+        said = ", ".join(p for p in (exc.context, exc.problem) if p) or str(exc)
+        raise ParseError(f"{at}{said}") from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow, e.g. NUL
+        char: object = exc.character
+        code = char if isinstance(char, int) else ord(str(char)[:1] or "\0")
+        raise ParseError(
+            f"character #x{code:04x} at position {exc.position} is not allowed in YAML"
+        ) from None
     except (yaml.YAMLError, RecursionError) as exc:
         raise ParseError(_nested(exc)) from None
     finally:
@@ -169,6 +184,7 @@ def _json_int(text: str) -> int:
 
 
 _loader: type | None = None
+_BOOL, _INT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int"
 
 
 def _strict_loader() -> type:
@@ -200,7 +216,8 @@ def _strict_loader() -> type:
             return base.construct_mapping(self, node, deep=deep)
 
         def construct_yaml_int(self, node: Any) -> Any:
-            digits = str(node.value).replace("_", "").lstrip("+-")
+            text = str(node.value)
+            digits = text.lstrip("+-").removeprefix("0o").removeprefix("0x")
             if len(digits) > MAX_DIGITS:
                 raise ConstructorError(
                     None,
@@ -208,9 +225,28 @@ def _strict_loader() -> type:
                     f"a number of {len(digits)} digits (at most {MAX_DIGITS})",
                     node.start_mark,
                 )
-            return base.construct_yaml_int(self, node)
+            sign = -1 if text.startswith("-") else 1
+            for prefix, radix in (("0o", 8), ("0x", 16)):
+                if text.lstrip("+-").startswith(prefix):
+                    return sign * int(digits, radix)
+            return int(text, 10)  # 017 is 17, as YAML 1.2 reads it (1.1 read 15)
 
-    StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+    # YAML 1.2's core schema, as the Pulumi CLI and Kubernetes read these files: only
+    # true/false are booleans (1.1 also took yes, on, y), and integers are decimal, 0o or 0x
+    # (1.1 also took 0b, leading-zero octal and 1:30 as 90).
+    StrictLoader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in found if tag not in (_BOOL, _INT)]
+        for first, found in base.yaml_implicit_resolvers.items()
+    }
+    StrictLoader.add_implicit_resolver(
+        _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+    )
+    StrictLoader.add_implicit_resolver(
+        _INT,
+        re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+        list("-+0123456789"),
+    )
+    StrictLoader.add_constructor(_INT, StrictLoader.construct_yaml_int)
     _loader = StrictLoader
     return StrictLoader
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import stat
 from pathlib import Path
 
 from plugin.discovery.model import CharDevices, Gid, GidType, Hca, Inventory, Port
-from plugin.userfiles import UnreadableError, decimal, read_text, shown
+from plugin.userfiles import UnreadableError, decimal, file_kind, read_text, shown
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class SysfsDiscovery:
         return Inventory(
             hcas=tuple(h for h in hcas if h is not None),
             errors=errors,
-            rdma_cm=(self.dev_ib / "rdma_cm").exists(),
+            rdma_cm=_is_device(self.dev_ib / "rdma_cm"),
             netns_mode=_netns_mode(
                 read(self.sysfs / "module" / "ib_core" / "parameters" / "netns_mode")
             ),
@@ -87,8 +88,10 @@ class SysfsDiscovery:
         self, name: str, verbs: dict[str, list[str]], mads: dict[str, list[str]]
     ) -> Hca | None:
         base = self.sysfs / "class" / "infiniband" / name
-        if not base.is_dir():  # removed between listdir and now
-            return None
+        if not base.is_dir():
+            if os.path.lexists(base):  # a link that loops or leads nowhere, a file
+                raise NotADirectoryError(f"{base} is not a directory that can be read")
+            return None  # removed between listdir and now
         problems: list[str] = []
         pci = base / "device"
         if pci.is_dir():
@@ -126,16 +129,22 @@ class SysfsDiscovery:
                 uverbs=uverbs[0] if uverbs else None,
                 umad=tuple(m for m in umad if self._node_exists(m, problems)),
                 # issm is optional: only handed out when its node exists, never reported missing
-                issm=tuple(m for m in issm if (self.dev_ib / m).exists()),
+                issm=tuple(m for m in issm if _is_device(self.dev_ib / m)),
             ),
             problems=tuple(problems),
         )
 
     def _node_exists(self, chardev: str, problems: list[str]) -> bool:
-        if (self.dev_ib / chardev).exists():
-            return True
-        problems.append(f"{self.dev_ib / chardev} does not exist")
-        return False
+        """The device node is there, and is a character device (what a pod is given)."""
+        try:
+            mode = (self.dev_ib / chardev).stat().st_mode
+        except OSError:
+            problems.append(f"{self.dev_ib / chardev} does not exist")
+            return False
+        if not stat.S_ISCHR(mode):
+            problems.append(f"{self.dev_ib / chardev} is {file_kind(mode)}, not a device node")
+            return False
+        return True
 
     def _chardev_owners(self, cls: str) -> dict[str, list[str]]:
         """ibdev -> its character devices of one class (uverbsN, or umadN/issmN)."""
@@ -203,6 +212,13 @@ def _read_gids(port: Path) -> list[Gid]:
     return gids
 
 
+def _is_device(path: Path) -> bool:
+    try:
+        return stat.S_ISCHR(path.stat().st_mode)
+    except OSError:
+        return False
+
+
 def _numbered(directory: Path, problems: list[str]) -> list[str]:
     """The entries named by a number (ports, GID slots), in order; anything else is skipped
     and named in `problems`."""
@@ -245,12 +261,14 @@ def _hex(text: str | None) -> str:
     return (text or "").lower().removeprefix("0x")
 
 
+# Linux numbers NUMA nodes below its MAX_NUMNODES (1024); anything else in numa_node is not one.
+MAX_NUMA_NODES = 1024
+
+
 def _numa(text: str | None) -> int | None:
-    try:
-        node = int(text or "-1")
-    except ValueError:
-        return None
-    return node if node >= 0 else None
+    """The NUMA node, or None when the kernel says -1 (unknown) or the file holds no node."""
+    node = decimal(text or "")
+    return node if node is not None and node < MAX_NUMA_NODES else None
 
 
 def _netns_mode(text: str | None) -> str | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import yaml
 
@@ -177,7 +179,7 @@ def test_a_rescan_interval_the_plugin_would_refuse_is_refused_at_preview() -> No
     message = _error(rdmaRescanInterval="0")
 
     assert message == (
-        f"lingjun-rdma:rdmaRescanInterval: must be {LOW:g}-{HIGH:g} seconds "
+        f"lingjun-rdma:rdmaRescanInterval: must be {math.ceil(LOW)}-{HIGH:g} whole seconds "
         "(pulumi config set lingjun-rdma:rdmaRescanInterval 5)"
     )
 

@@ -4,7 +4,10 @@ a traceback) for what keeps them from starting. Run as a user runs them: their C
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -28,7 +31,7 @@ from infra.config import (
 from infra.credentials import kubeconfig_credential
 from infra.images import reference_problem
 from infra.jobs import JOB_RANGES, JobSpecError, RdmaJobSpec
-from infra.render import _remove_render, render
+from infra.render import MARKER, OutputError, _remove_render, render
 from infra.stackfiles import StackFileError, stack_config
 from plugin.config import MAX_ALLOCATIONS_LIMIT, MAX_POOLS
 from plugin.kubelet import MAX_UNIX_PATH
@@ -155,8 +158,8 @@ LOW, HIGH = RESCAN_INTERVAL_RANGE
 @pytest.mark.parametrize(
     ("key", "value", "said"),
     [
-        ("rdmaRescanInterval", "9" * 61, f"must be {LOW:g}-{HIGH:g} seconds"),
-        ("rdmaRescanInterval", "0", f"must be {LOW:g}-{HIGH:g} seconds"),
+        ("rdmaRescanInterval", "9" * 61, f"must be 1-{HIGH:g} whole seconds"),
+        ("rdmaRescanInterval", "0", f"must be 1-{HIGH:g} whole seconds"),
         ("jobAwaitTimeout", "99999999999999999h", "is not within"),
         ("jobAwaitTimeout", "9" * 5000 + "s", "is not within"),
         ("jobAwaitTimeout", "0s", "is not within"),
@@ -360,7 +363,7 @@ def test_an_out_the_file_system_refuses_is_one_line(
     assert said in line
 
 
-def test_a_full_stdout_after_a_render_is_one_line(tmp_path: Path) -> None:
+def test_a_render_whose_report_cannot_be_printed_is_still_a_render(tmp_path: Path) -> None:
     with open("/dev/full", "w") as full:
         done = subprocess.run(
             [sys.executable, "-m", "infra.render", "--stack", "local", "--out", "out"],
@@ -368,8 +371,11 @@ def test_a_full_stdout_after_a_render_is_one_line(tmp_path: Path) -> None:
             stdout=full, stderr=subprocess.PIPE, text=True, timeout=180, check=False,
         )  # fmt: skip
 
-    assert done.returncode == 2
-    assert done.stderr.splitlines() == ["render: local: error: No space left on device"]
+    assert done.returncode == 0
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("render: local: wrote ")
+    assert line.endswith(" files to out (stdout: No space left on device)")
+    assert (tmp_path / "out" / "plan.md").is_file()
 
 
 def test_a_set_without_equals_never_quotes_what_may_be_a_password(tmp_path: Path) -> None:
@@ -488,3 +494,135 @@ def test_deploy_with_a_pulumi_that_is_not_executable_says_so(tmp_path: Path) -> 
 
     assert done.returncode == 2
     assert f"{tmp_path / 'bin' / 'pulumi'}: not executable" in done.stderr
+
+
+@pytest.mark.parametrize("listed", ["../../victim.txt", "ABSOLUTE"])
+def test_a_render_list_naming_files_elsewhere_deletes_nothing_there(
+    tmp_path: Path, listed: str
+) -> None:
+    out = tmp_path / "a" / "out"
+    render("dev", out)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    name = str(victim) if listed == "ABSOLUTE" else listed
+    marker = json.loads((out / MARKER).read_text())
+    data = victim.read_bytes()
+    marker["files"][name] = [len(data), hashlib.sha256(data).hexdigest()]
+    (out / MARKER).write_text(json.dumps(marker))
+
+    with pytest.raises(OutputError, match="holds files a render did not write"):
+        render("dev", out)
+
+    assert victim.read_text() == "keep me"
+
+
+def test_an_out_below_a_regular_file_says_so(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+
+    done = _cli("infra.render", "--stack", "local", "--out", "afile/sub", cwd=tmp_path)
+
+    assert done.returncode == 2
+    assert f"--out {tmp_path / 'afile' / 'sub'}: {tmp_path / 'afile'} is not a directory" in (
+        done.stderr
+    )
+
+
+def test_a_sigterm_during_a_render_leaves_nothing_half_written(tmp_path: Path) -> None:
+    for delay in (0.5, 1.6, 1.9, 2.1):
+        out = tmp_path / f"out-{delay}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "infra.render", "--stack", "dev", "--out", str(out)],
+            env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)}, stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        time.sleep(delay)
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=60)
+
+        assert proc.returncode in (0, 143), stderr
+        assert "Traceback" not in stderr
+        if proc.returncode == 143:
+            assert stderr.splitlines() == ["render: terminated"]
+            # none, or a whole one (the signal came after the swap): never a part
+            assert not out.exists() or (out / MARKER).is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def _project_copy(tmp_path: Path, stack_file: str) -> Path:
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "Pulumi.yaml").write_text((PROJECT_DIR / "Pulumi.yaml").read_text())
+    (tmp_path / "stacks" / "Pulumi.x.yaml").write_text(stack_file)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("stack_file", "said"),
+    [
+        ("config:\n  123: x\n", "config key 123 is not a key"),
+        ("config:\n  ~: y\n", "config key None is not a key"),
+        ("confg:\n  lingjun-rdma:region: cn-wulanchabu\n", "unknown top-level key 'confg'"),
+        ("nothing: here\n", "unknown top-level key 'nothing'"),
+    ],
+)
+def test_a_stack_file_of_the_wrong_shape_is_one_line(
+    tmp_path: Path, stack_file: str, said: str
+) -> None:
+    project = _project_copy(tmp_path, stack_file)
+
+    with pytest.raises(StackFileError, match=re.escape(said)):
+        stack_config("x", project_dir=project)
+
+
+def test_a_pulumi_yaml_of_another_project_is_refused(tmp_path: Path) -> None:
+    project = _project_copy(tmp_path, "config: {}\n")
+    (project / "Pulumi.yaml").write_text("")
+
+    with pytest.raises(StackFileError, match=r"Pulumi\.yaml: not this project's"):
+        stack_config("x", project_dir=project)
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("registryUsername=robot", "lingjun-rdma:registryUsername: only used with"),
+        ("lingjunMachineType=efg2\nrm", "lingjunMachineType: 'efg2\\nrm' is not an Alibaba Cloud"),
+        ("lingjunImageId=" + "i" * 200, "lingjunImageId: "),
+        ("sampleJobs=[1,2]", "lingjun-rdma:sampleJobs[1]: Input should be a valid string"),
+        (f"ncclTestsImage=u:{SENTINEL}@registry.example.com/n:1", "ncclTestsImage: not an image"),
+    ],
+    ids=["username-without-build", "id-newline", "id-long", "list-index", "unused-image-login"],
+)
+def test_stack_values_of_no_use_or_no_shape_are_refused(
+    tmp_path: Path, override: str, said: str
+) -> None:
+    done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--set={override}", cwd=tmp_path)
+
+    assert done.returncode == 1, done.stderr
+    assert said in done.stderr
+    assert SENTINEL not in done.stderr
+
+
+def test_a_set_key_that_is_no_key_is_refused(tmp_path: Path) -> None:
+    done = _cli("infra.render", "--stack", "dev", "--out", "out", "--set=:=x", cwd=tmp_path)
+
+    assert done.returncode == 2
+    assert "--set number 1: expected KEY=VALUE with KEY a config key" in done.stderr
+
+
+def test_deploy_says_what_it_waits_for_before_the_engine_answers(tmp_path: Path) -> None:
+    script = '#!/bin/sh\n[ "$1" = version ] && { echo v3.277.0; exit 0; }\nexec sleep 3600\n'
+    path = _fake_pulumi(tmp_path / "bin", script)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # said at once, while the hung `pulumi` never answers
+    time.sleep(1)
+    proc.terminate()  # passed on to the `pulumi` it runs, as the SIGINT of a Ctrl-C
+    _, stderr = proc.communicate(timeout=60)
+
+    assert first.startswith(f"deploy: preview of stack local with {tmp_path / 'bin' / 'pulumi'}")
+    assert proc.returncode == 143, stderr
+    assert stderr.splitlines()[-1] == "deploy: terminated"

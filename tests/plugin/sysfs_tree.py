@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,11 @@ def _link(link: Path, target: Path) -> None:
     link.symlink_to(os.path.relpath(target, link.parent))
 
 
+def _device_node(path: Path) -> None:
+    """A character device, as udev makes them (a copy of /dev/null's: harmless if opened)."""
+    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+
+
 def _sysfs_gid(ip: str) -> str:
     return ipaddress.IPv6Address(
         ip if ":" in ip else f"::ffff:{ip}"
@@ -51,7 +57,7 @@ class SysfsTree:
         # a bool module parameter: the kernel shows Y (shared) or N (exclusive)
         flag = "Y" if netns_mode == "shared" else "N"
         _write(self.sys / "module" / "ib_core" / "parameters" / "netns_mode", flag)
-        (self.dev / "infiniband" / "rdma_cm").touch()
+        _device_node(self.dev / "infiniband" / "rdma_cm")
         return self
 
     def add_pci_hca(
@@ -133,7 +139,7 @@ class SysfsTree:
         if port:
             _write(real / "port", str(port))
         _link(self.sys / "class" / cls / chardev, real)
-        (self.dev / "infiniband" / chardev).touch()
+        _device_node(self.dev / "infiniband" / chardev)
 
     # -- mutations, as the kernel would show them ------------------------------------------
     def port_dir(self, ibdev: str, port: int = 1) -> Path:

@@ -4,6 +4,8 @@ flag or the file and the fix, never a traceback, and never blocks on what it rea
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -165,3 +167,47 @@ async def test_a_device_plugin_dir_too_long_for_a_unix_socket_is_refused(
 
     assert f"--device-plugin-dir {deep}: the socket lingjun-rdma-rdma_hca.sock there" in output
     assert f"over the {MAX_UNIX_PATH}-byte unix limit" in output
+
+
+@pytest.mark.parametrize(
+    ("flag", "said"),
+    [
+        ("--device-plugin-dir=", "--device-plugin-dir: empty: name a path"),
+        ("--config=", "--config: empty: name a path"),
+    ],
+)
+async def test_an_empty_path_flag_is_refused(plugin: PluginProcess, flag: str, said: str) -> None:
+    output = await _refused(plugin, None, flag)
+
+    assert said in output
+
+
+async def test_a_config_path_the_kernel_refuses_is_one_line(plugin: PluginProcess) -> None:
+    config = plugin.root / ("c" * 300) / "plugin.yaml"
+
+    output = await _refused(plugin, config)
+
+    assert "cannot be read (File name too long)" in output
+
+
+def test_a_bad_flag_with_stderr_full_still_exits_2(plugin: PluginProcess) -> None:
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            plugin.argv(None, "--rescan-interval=0"), stdout=full, stderr=full, timeout=60,
+            check=False,
+        )  # fmt: skip
+
+    assert done.returncode == 2
+
+
+@pytest.mark.parametrize("module", ["plugin", "plugin.podenv", "infra.render", "infra.deploy"])
+def test_help_to_a_full_stdout_is_one_line(module: str) -> None:
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", module, "--help"], stdout=full, stderr=subprocess.PIPE,
+            text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.endswith("cannot write the help to stdout (No space left on device)")

@@ -10,10 +10,12 @@ import signal
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
+from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.instance import holder
 from plugin.kubelet import MAX_UNIX_PATH, socket_name
 from tests.plugin.kubelet_peer import KubeletPeer
@@ -196,14 +198,105 @@ async def test_an_instance_answers_every_waiters_question_however_many_ask(
     assert answers == [plugin.proc.pid] * 30
 
 
-async def test_a_file_where_the_socket_goes_is_said_as_it_is_replaced(
+async def test_a_file_where_the_socket_goes_is_said_and_kept_until_moved(
     kubelet: KubeletPeer, plugin: PluginProcess, plugin_dir: Path
 ) -> None:
-    _regular_file(plugin_dir / SOCKET)
+    (plugin_dir / SOCKET).write_text("someone's notes\n")
 
     await plugin.start()
+    await plugin.said(
+        f"cannot serve {plugin_dir / SOCKET}: {plugin_dir / SOCKET} is a regular file, not this "
+        "plugin's socket: move it away (the plugin deletes only sockets there)"
+    )
+    assert (plugin_dir / SOCKET).read_text() == "someone's notes\n"
+
+    os.rename(plugin_dir / SOCKET, plugin_dir / "notes.txt")
+    await kubelet.wait_registrations(1, limit=15)
+
+
+async def test_a_relative_device_plugins_dir_is_served_from_where_the_plugin_starts(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    plugin_dir = short_tmp / "rel"
+    plugin_dir.mkdir()
+    peer = KubeletPeer(plugin_dir)
+    await peer.start()
+    plugin = PluginProcess(short_tmp, Path("rel"), sysfs=tree.sys, dev=tree.dev)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *plugin.argv(), cwd=short_tmp, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        plugin.proc = proc
+        await peer.wait_registrations(1)
+        assert await plugin.terminate() == 0
+    finally:
+        await plugin.close()
+        await peer.stop()
+
+
+async def test_a_hangup_while_waiting_for_the_lock_is_one_line(
+    kubelet: KubeletPeer, plugin: PluginProcess, short_tmp: Path
+) -> None:
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+    second = plugin.twin(short_tmp / "second")
+    await second.start()
+    try:
+        await second.said("waiting for it to stop")
+
+        assert await second.terminate(signal.SIGHUP) == 130
+        assert second.output().rstrip().endswith("interrupted before serving")
+    finally:
+        await second.close()
+
+
+class _HungKubelet(api_pb2_grpc.RegistrationServicer):
+    async def Register(
+        self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.Empty:
+        await asyncio.Event().wait()  # never answers
+        return api_pb2.Empty()
+
+
+async def test_a_kubelet_that_never_answers_register_is_said_as_hung(
+    plugin: PluginProcess, plugin_dir: Path
+) -> None:
+    server = grpc.aio.server()
+    api_pb2_grpc.add_RegistrationServicer_to_server(_HungKubelet(), server)
+    server.add_insecure_port(f"unix://{plugin_dir / 'kubelet.sock'}")
+    await server.start()
+    try:
+        await plugin.start()
+
+        await plugin.said("the kubelet did not answer Register within 15s (a hung kubelet?)", 30)
+    finally:
+        await server.stop(0)
+
+
+async def test_a_kubelet_sock_that_accepts_but_never_speaks_is_said_at_once(
+    plugin: PluginProcess, plugin_dir: Path
+) -> None:
+    with socket.socket(socket.AF_UNIX) as mute:  # listening, never accepting nor answering
+        mute.bind(str(plugin_dir / "kubelet.sock"))
+        mute.listen(16)
+        await plugin.start()
+
+        await plugin.said("has not completed a gRPC connection in 1s", limit=AT_ONCE)
+
+
+async def test_a_config_that_becomes_unreadable_while_running_is_a_warning_not_a_stop(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    conf_dir = plugin.root / "conf"
+    conf_dir.mkdir()
+    config = conf_dir / "plugin.yaml"
+    config.write_text("pools:\n  - name: hca\n")
+    await plugin.start(config)
     await kubelet.wait_registrations(1)
 
-    assert f"removing {plugin_dir / SOCKET}, a regular file where this plugin's socket goes" in (
-        plugin.output()
-    )
+    os.rename(conf_dir, plugin.root / "conf.old")
+    _regular_file(conf_dir)  # the config's dir is now a file: reading it fails (ENOTDIR)
+
+    await plugin.said("config on disk changed and is invalid", limit=15)
+    assert plugin.running()

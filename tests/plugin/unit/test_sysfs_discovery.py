@@ -271,3 +271,36 @@ def test_a_sysfs_root_without_class_says_so(tmp_path: Path) -> None:
         f"{tmp_path / 'nowhere' / 'class'} does not exist: --sysfs-root must name where sysfs "
         "is mounted (/sys)",
     )
+
+
+@pytest.mark.parametrize("text", ["9" * 30, "9223372036854775808", "1_0", "1024", "٣"])
+def test_a_numa_node_that_is_not_one_is_unknown(tmp_path: Path, text: str) -> None:
+    tree = two_mlx5(tmp_path)
+    numa = tree.sys / "class" / "infiniband" / "mlx5_0" / "device" / "numa_node"
+    numa.write_text(text + "\n")
+
+    assert scan(tree)["mlx5_0"].numa_node is None
+
+
+def test_an_hca_entry_that_loops_is_reported_not_dropped(tmp_path: Path) -> None:
+    tree = two_mlx5(tmp_path)
+    entry = tree.sys / "class" / "infiniband" / "mlx5_9"
+    entry.symlink_to(entry)
+
+    hcas = scan(tree)
+
+    assert hcas["mlx5_9"].unhealthy_reason() is not None
+    assert "is not a directory that can be read" in hcas["mlx5_9"].problems[0]
+    assert hcas["mlx5_0"].unhealthy_reason() is None
+
+
+def test_a_device_node_that_is_not_a_character_device_is_not_handed_out(tmp_path: Path) -> None:
+    tree = two_mlx5(tmp_path)
+    node = tree.dev / "infiniband" / "uverbs0"
+    node.unlink()
+    node.mkdir()
+
+    hca = scan(tree)["mlx5_0"]
+
+    assert hca.chardevs.uverbs is None
+    assert f"{node} is a directory, not a device node" in hca.problems

@@ -120,3 +120,26 @@ def test_shown_cuts_long_values_and_big_structures() -> None:
     assert "(1000000 characters)" in shown("x" * 10**6)
     assert len(shown(list(range(10**6)))) < 60
     assert shown("ok") == "'ok'"
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("a: 1\n---\nb: 2\n", "expected a single document in the stream, but found another"),
+        ("a: \x00\n", "character #x0000 at position 3 is not allowed in YAML"),
+    ],
+)
+def test_yaml_errors_are_one_whole_sentence(text: str, said: str) -> None:
+    with pytest.raises(ParseError) as caught:
+        parse_yaml(text)
+
+    assert said in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_yaml_is_read_as_yaml_1_2_reads_it() -> None:
+    text = "a: yes\nb: on\nc: true\nd: 017\ne: 0o17\nf: 0x1f\ng: 1:30\nh: -5\n"
+
+    assert parse_yaml(text) == {
+        "a": "yes", "b": "on", "c": True, "d": 17, "e": 15, "f": 31, "g": "1:30", "h": -5,
+    }  # fmt: skip
