@@ -16,7 +16,12 @@ from pulumi.runtime import get_config, get_config_env, is_config_secret
 from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationError
 from pydantic.alias_generators import to_camel
 
-from infra.credentials import CREDENTIAL_KEYS, KUBECONFIG, plaintext_problems
+from infra.credentials import (
+    CREDENTIAL_KEYS,
+    KUBECONFIG,
+    kubeconfig_problem,
+    plaintext_problems,
+)
 from infra.images import is_pinned, reference_problem
 from infra.jobs import SAMPLES
 from plugin.config import (
@@ -399,6 +404,12 @@ def _cluster(k: _Keys) -> tuple[Cluster | None, list[str]]:
                 f"cluster is adopted by one of them (pulumi config rm {_key('clusterId')})"
             ]
         if k.kubeconfig is not None:
+            problem = kubeconfig_problem(k.kubeconfig.get_secret_value())
+            if problem is not None:
+                return None, [
+                    f"{_key('kubeconfig')}: {problem}: set your cluster's kubeconfig "
+                    f"(pulumi config set --secret {_key('kubeconfig')} < ~/.kube/config)"
+                ]
             return KubeconfigCluster(k.kubeconfig), []
         if k.cluster_id is not None:
             return AckCluster(k.cluster_id), []

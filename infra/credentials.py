@@ -10,6 +10,9 @@ from urllib.parse import urlsplit
 
 from plugin.userfiles import ParseError, parse_yaml
 
+# What stands for a secret's value where it cannot be shown (a render, plan.md): also what
+# the offline render hands the program for a value only the Pulumi CLI can decrypt.
+SECRET = "[secret]"
 # Keys whose every value is a credential.
 SECRET_KEYS = ("registryPassword",)
 # The kubeconfig: a credential unless everything in it is on these lists.
@@ -125,3 +128,17 @@ def _url_may_hold_credential(url: object) -> bool:
     except ValueError:
         return True
     return parts is None or "@" in parts.netloc or bool(parts.query or parts.fragment)
+
+
+def kubeconfig_problem(text: str) -> str | None:
+    """Why `text` cannot be a kubeconfig, never quoting it (it holds credentials)."""
+    if text == SECRET:  # encrypted in the stack file: the Pulumi CLI checks it when it decrypts
+        return None
+    try:
+        doc: Any = parse_yaml(text)
+    except ParseError:
+        return "not YAML"
+    clusters = cast(dict[str, Any], doc).get("clusters") if isinstance(doc, dict) else None
+    if not isinstance(clusters, list) or not clusters:
+        return "not a kubeconfig: no list of clusters"
+    return None

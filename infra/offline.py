@@ -12,9 +12,9 @@ import pulumi
 from pulumi.runtime.mocks import MockMonitor
 
 from infra.config import PROJECT
+from infra.credentials import SECRET
 from infra.program import main as program_main
 
-SECRET = "[secret]"
 # How Pulumi's wire format marks a secret value inside resource inputs.
 _SIG_KEY = "4dabf18193072939515e22adb298388d"
 _SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"

@@ -31,10 +31,10 @@ from kubernetes_validate.utils import (  # pyright: ignore[reportMissingTypeStub
 )
 
 from infra.config import StackConfigError
+from infra.credentials import SECRET
 from infra.interrupt import deferred
 from infra.jobs import JobSpecError
 from infra.offline import (
-    SECRET,
     RenderError,
     RunResult,
     check_unique,

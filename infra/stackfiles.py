@@ -15,8 +15,7 @@ from infra.config import (
     StackConfigError,
     unknown_key_problems,
 )
-from infra.credentials import CREDENTIAL_KEYS
-from infra.offline import SECRET
+from infra.credentials import CREDENTIAL_KEYS, SECRET
 from plugin.userfiles import ParseError, UnreadableError, parse_yaml, read_text, shown
 
 

@@ -626,3 +626,15 @@ def test_deploy_says_what_it_waits_for_before_the_engine_answers(tmp_path: Path)
     assert first.startswith(f"deploy: preview of stack local with {tmp_path / 'bin' / 'pulumi'}")
     assert proc.returncode == 143, stderr
     assert stderr.splitlines()[-1] == "deploy: terminated"
+
+
+@pytest.mark.parametrize("kubeconfig", ["not: [valid", f"{SENTINEL}-just-a-string"])
+def test_a_kubeconfig_given_as_a_secret_must_still_be_one(tmp_path: Path, kubeconfig: str) -> None:
+    done = _cli(
+        "infra.render", "--stack", "local", "--out", "out", f"--set=kubeconfig={kubeconfig}",
+        cwd=tmp_path,
+    )  # fmt: skip
+
+    assert done.returncode == 1
+    assert "lingjun-rdma:kubeconfig: not " in done.stderr
+    assert SENTINEL not in done.stderr
