@@ -41,7 +41,7 @@ typecheck: setup ## pyright strict on plugin/ and infra/ (generated stubs exclud
 proto: setup ## Regenerate the committed device plugin API stubs
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -I. --python_out=. \
 	  --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. \
-	  plugin/api/v1beta1/api.proto
+	  plugin/deviceplugin/api/v1beta1/api.proto
 
 bench: setup ## Benchmarks: print figures (never asserted)
 	# set before grpc loads: its C core logs every GOAWAY of the kubelet-restart figure otherwise

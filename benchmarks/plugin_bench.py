@@ -22,12 +22,13 @@ from pathlib import Path
 
 import grpc
 
-from plugin import pool as policy
-from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.config import PluginConfig, Pool
-from plugin.discovery.model import CharDevices, Hca, Port
-from plugin.kubelet import CHANNEL_OPTIONS, socket_name
-from plugin.wire import list_and_watch_response
+from plugin.core import pool as policy
+from plugin.core.discovery.model import CharDevices, Hca, Port
+from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from plugin.deviceplugin.endpoint import CHANNEL_OPTIONS
+from plugin.deviceplugin.wire import list_and_watch_response
+from plugin.launch import socket_name
 from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.plugin_process import PluginProcess
 from tests.plugin.sysfs_tree import two_mlx5

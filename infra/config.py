@@ -25,7 +25,6 @@ from infra.credentials import (
 from infra.images import is_pinned, reference_problem
 from infra.jobs import SAMPLES
 from plugin.config import (
-    DEFAULT_CONFIG_PATH,
     DEFAULT_MAX_ALLOCATIONS,
     DEFAULT_RESOURCE_NAME,
     ConfigError,
@@ -34,8 +33,8 @@ from plugin.config import (
     check_resource_name,
     parse_pool,
 )
-from plugin.launch import RESCAN_INTERVAL_RANGE, LaunchError, LaunchSpec
-from plugin.userfiles import shown
+from plugin.core.userfiles import shown
+from plugin.launch import DEFAULT_CONFIG_PATH, RESCAN_INTERVAL_RANGE, LaunchError, LaunchSpec
 
 PROJECT = "lingjun-rdma"
 PROJECT_DIR = Path(__file__).resolve().parent.parent  # Pulumi.yaml, stacks/

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Set
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from plugin.userfiles import ParseError, parse_yaml
+from plugin.core.userfiles import ParseError, parse_yaml
 
 # What stands for a secret's value where it cannot be shown (a render, plan.md): also what
 # the offline render hands the program for a value only the Pulumi CLI can decrypt.

@@ -31,7 +31,7 @@ from infra.config import PROJECT, PROJECT_DIR, StackConfigError
 from infra.interrupt import children
 from infra.program import main as program_main
 from infra.stackfiles import StackFileError, stack_config
-from plugin.terminal import Parser, say
+from plugin.core.terminal import Parser, say
 
 ACTIONS = ("preview", "up", "refresh", "destroy")
 

@@ -13,8 +13,8 @@ import pulumi_kubernetes as k8s
 
 from infra.alicloud import cs
 from infra.config import BuiltImage, PinnedImage, RegistryLogin, StackConfigError
-from plugin.config import DEFAULT_DEVICE_PLUGIN_DIR, PluginConfig
-from plugin.launch import LaunchSpec
+from plugin.config import PluginConfig
+from plugin.launch import DEFAULT_DEVICE_PLUGIN_DIR, LaunchSpec
 
 LINGJUN_NODE_LABEL = "alibabacloud.com/lingjun-worker"
 # Relative to the project directory, where Pulumi runs the program: the plan stays the same on
@@ -196,11 +196,6 @@ def registry_endpoint(instance_id: str, endpoints: Sequence[str]) -> str:
     return endpoints[0]
 
 
-def plugin_command(launch: LaunchSpec) -> list[str]:
-    """The container's command: the image's Python running the plugin with `launch`'s flags."""
-    return ["python", "-m", "plugin", *launch.argv()]
-
-
 def _host_path(name: str, path: str, kind: str = "Directory") -> k8s.core.v1.VolumeArgs:
     return k8s.core.v1.VolumeArgs(
         name=name, host_path=k8s.core.v1.HostPathVolumeSourceArgs(path=path, type=kind)
@@ -234,7 +229,7 @@ def _daemonset_spec(
     container = k8s.core.v1.ContainerArgs(
         name="plugin",
         image=image,
-        command=plugin_command(launch),
+        command=launch.command(),
         ports=[
             k8s.core.v1.ContainerPortArgs(
                 name="metrics", container_port=launch.metrics_port, protocol="TCP"

@@ -13,7 +13,7 @@ from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from plugin.terminal import say
+from plugin.core.terminal import say
 
 _STOPS = (signal.SIGINT, signal.SIGTERM)
 _prog = ""

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.images import reference_problem
+from plugin.launch import PodenvSpec, family_for
 
 RDMA_CAPABILITIES = ("SYS_RESOURCE", "IPC_LOCK")  # raise the memlock limit; pin RDMA buffers
 SHM_SIZE = "8Gi"
@@ -255,16 +257,13 @@ def _resolver(
     """The init container that writes the pod's NCCL settings, resolved in its own network
     namespace. It asks the same RDMA resource as the workload: the kubelet hands the workload
     the same devices (an init container's are reused), and Allocate names the HCAs to it."""
-    # Off the host network only IPv6 GIDs can be the pod's own; on it, the host's IPv4 ones.
-    family = "ipv4" if host_network else "ipv6"
-    sets = [arg for k, v in spec.nccl.items() for arg in ("--set", f"{k}={v}")]
+    podenv = PodenvSpec(
+        family=family_for(host_network), out=Path(RDMA_ENV_FILE), settings=spec.nccl
+    )
     return k8s.core.v1.ContainerArgs(
         name="rdma-env",
         image=image,
-        command=[
-            *("python", "-m", "plugin.podenv", "--family", family, "--out", RDMA_ENV_FILE),
-            *sets,
-        ],
+        command=podenv.command(),
         resources=k8s.core.v1.ResourceRequirementsArgs(limits={resource_name: str(spec.rdma)}),
         volume_mounts=[k8s.core.v1.VolumeMountArgs(name="rdma-env", mount_path=RDMA_ENV_DIR)],
         # its stderr (why no GID fits) becomes the pod's status message when it fails

@@ -45,8 +45,8 @@ from infra.offline import (
 )
 from infra.stackfiles import StackFileError, stack_config
 from plugin.config import ConfigError
-from plugin.terminal import Parser, say
-from plugin.userfiles import MAX_FILE_BYTES, UnreadableError, read_text, shown
+from plugin.core.terminal import Parser, say
+from plugin.core.userfiles import MAX_FILE_BYTES, UnreadableError, read_text, shown
 
 KUBERNETES_VERSION = "1.34.0"
 # Written into every directory a render makes, listing what it wrote: only a directory that

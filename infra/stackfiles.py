@@ -16,7 +16,7 @@ from infra.config import (
     unknown_key_problems,
 )
 from infra.credentials import CREDENTIAL_KEYS, SECRET
-from plugin.userfiles import ParseError, UnreadableError, parse_yaml, read_text, shown
+from plugin.core.userfiles import ParseError, UnreadableError, parse_yaml, read_text, shown
 
 
 class StackFileError(ValueError):

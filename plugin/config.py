@@ -12,12 +12,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast, get_args
 
-from plugin.userfiles import ParseError, UnreadableError, parse_yaml, read_text, shown
+from plugin.core.userfiles import ParseError, UnreadableError, parse_yaml, read_text, shown
 
-# Paths and ports the DaemonSet and the CLI must agree on.
-DEFAULT_CONFIG_PATH = Path("/etc/lingjun-rdma/plugin.yaml")
-DEFAULT_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
-DEFAULT_METRICS_PORT = 9460
 DEFAULT_RESOURCE_NAME = "rdma/hca"
 DEFAULT_MAX_ALLOCATIONS = 1000
 MAX_ALLOCATIONS_LIMIT = 100_000

@@ -1,19 +1,43 @@
-"""The plugin's launch contract: every flag once, typed, with its default. The CLI parses into a
-LaunchSpec; infra/ renders the DaemonSet's command from one; tests build their command lines
-from one. A default written here is written nowhere else."""
+"""The contract between the plugin's programs and infra/: how each program is started (its
+module and typed flags) and every path, port, socket name, limit and env var name that both
+sides use. infra/ renders the DaemonSet's and the pods' commands from these specs; the programs
+parse into them; tests build their command lines from them. A fact written here is written
+nowhere else."""
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal, get_args
 
-from plugin.config import DEFAULT_CONFIG_PATH, DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_METRICS_PORT
-from plugin.terminal import Parser
-from plugin.userfiles import decimal
+from plugin.core.terminal import Parser
+from plugin.core.userfiles import decimal
+
+# The programs, each run as `python -m MODULE`.
+DEVICE_PLUGIN_MODULE = "plugin.deviceplugin"
+PODENV_MODULE = "plugin.podenv"
+
+# Paths and ports the DaemonSet and the device plugin agree on.
+DEFAULT_CONFIG_PATH = Path("/etc/lingjun-rdma/plugin.yaml")
+DEFAULT_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_METRICS_PORT = 9460
+KUBELET_SOCKET = "kubelet.sock"
+# The longest unix socket path grpc-core binds ("Path name should not have more than 107
+# characters" from 106 bytes on: it counts more than sockaddr_un's NUL); a test binds one of
+# exactly this length and fails on one more, so a grpc that changes it is caught.
+MAX_UNIX_PATH = 105
+
+# The container env that names the HCAs an allocation gave; podenv reads it.
+HCAS_ENV = "LINGJUN_RDMA_HCAS"
+
+
+def socket_name(resource_name: str) -> str:
+    """The device plugin's socket for one resource, in the device-plugins dir."""
+    return "lingjun-rdma-" + resource_name.replace("/", "_") + ".sock"
+
 
 DiscoveryKind = Literal["auto", "verbs", "sysfs"]
 # Seconds between periodic scans: shorter keeps a core re-reading sysfs (hundreds of GID files
@@ -70,6 +94,10 @@ class LaunchSpec:
         port = decimal(text) if sep else None
         return port if port is not None and port <= 65535 else None
 
+    def command(self, python: str = "python") -> list[str]:
+        """The command line that runs exactly this spec."""
+        return [python, "-m", DEVICE_PLUGIN_MODULE, *self.argv()]
+
     def argv(self) -> list[str]:
         """The flags that launch exactly this spec, every one spelled out."""
         args: list[str] = []
@@ -125,3 +153,31 @@ def parse(argv: list[str] | None) -> LaunchSpec:
         return LaunchSpec(**values)
     except LaunchError as exc:
         parser.error(f"{_flag(exc.field)} {values[exc.field]}: {exc.why}")
+
+
+Family = Literal["ipv6", "ipv4"]
+FamilyChoice = Literal["auto", "ipv6", "ipv4"]
+
+
+def family_for(host_network: bool) -> Family:
+    """The IP family of a pod's own RoCE v2 GID: the host's IPv4 on the host network; off it,
+    IPv6 (the only family a pod's own GID can have)."""
+    return "ipv4" if host_network else "ipv6"
+
+
+@dataclass(frozen=True)
+class PodenvSpec:
+    """How podenv runs in a pod's init container."""
+
+    # "auto": family_for whether an allocated HCA's netdev is in the pod's namespace
+    family: FamilyChoice = "auto"
+    # None: print to stdout
+    out: Path | None = None
+    # extra KEY=VALUE lines to write beside the computed ones
+    settings: Mapping[str, str] = field(default_factory=dict[str, str])
+
+    def command(self, python: str = "python") -> list[str]:
+        """The command line that runs exactly this spec."""
+        out = ["--out", str(self.out)] if self.out is not None else []
+        sets = [arg for k, v in self.settings.items() for arg in ("--set", f"{k}={v}")]
+        return [python, "-m", PODENV_MODULE, "--family", self.family, *out, *sets]

@@ -14,7 +14,7 @@ def test_pyverbs_imports_in_the_project_venv() -> None:
 
 
 def test_generated_device_plugin_stubs_import() -> None:
-    from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+    from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 
     assert api_pb2.DESCRIPTOR.package == "v1beta1"
     assert hasattr(api_pb2_grpc, "DevicePluginServicer")

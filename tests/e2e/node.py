@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import sys
 import urllib.request
 from pathlib import Path
 
 from plugin.launch import LaunchSpec
 from tests.e2e.cluster import DEVICE_PLUGIN_DIR
 from tests.e2e.procs import Proc, eventually
-from tests.plugin.plugin_process import free_port, plugin_argv
+from tests.plugin.plugin_process import free_port
 from tests.plugin.sysfs_tree import SysfsTree, two_mlx5
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,18 +61,16 @@ class Plugin:
         )
 
     def argv(self) -> list[str]:
-        return plugin_argv(
-            LaunchSpec(
-                config=self.config,
-                sysfs_root=self.tree.sys,
-                dev_root=self.tree.dev,
-                device_plugin_dir=DEVICE_PLUGIN_DIR,
-                discovery="sysfs",
-                rescan_interval=0.5,
-                metrics_address=f"127.0.0.1:{self.metrics_port}",
-                log_level="debug",
-            )
-        )
+        return LaunchSpec(
+            config=self.config,
+            sysfs_root=self.tree.sys,
+            dev_root=self.tree.dev,
+            device_plugin_dir=DEVICE_PLUGIN_DIR,
+            discovery="sysfs",
+            rescan_interval=0.5,
+            metrics_address=f"127.0.0.1:{self.metrics_port}",
+            log_level="debug",
+        ).command(sys.executable)
 
     def start(self, config_yaml: str | None = None) -> None:
         if config_yaml is None:

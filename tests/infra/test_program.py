@@ -18,14 +18,13 @@ from infra.jobs import LINGJUN_NCCL_ENV, RDMA_ENV_FILE, SAMPLES, job_spec
 from infra.offline import RunResult, manifests, normalize, run_program
 from infra.stackfiles import stack_config
 from plugin import launch
-from plugin.config import (
+from plugin.config import DEFAULT_MAX_ALLOCATIONS, parse_config
+from plugin.launch import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_DEVICE_PLUGIN_DIR,
-    DEFAULT_MAX_ALLOCATIONS,
     DEFAULT_METRICS_PORT,
-    parse_config,
+    LaunchSpec,
 )
-from plugin.launch import LaunchSpec
 from tests.infra.conftest import STACKS, k8s_object, k8s_objects, of_type, one, run
 
 # (stack, nonHostNetwork): one stack per network mode.
@@ -425,7 +424,7 @@ def test_daemonset_command_and_probes_use_the_plugins_paths_and_port() -> None:
     container = _daemonset(run("dev"))["spec"]["template"]["spec"]["containers"][0]
     command = container["command"]
 
-    assert command[:3] == ["python", "-m", "plugin"]
+    assert command[:3] == ["python", "-m", "plugin.deviceplugin"]
     assert command[command.index("--config") + 1] == str(DEFAULT_CONFIG_PATH)
     assert command[command.index("--metrics-address") + 1] == f"0.0.0.0:{DEFAULT_METRICS_PORT}"
     assert container["ports"] == [

@@ -34,9 +34,8 @@ from infra.jobs import JOB_RANGES, JobSpecError, RdmaJobSpec
 from infra.render import MARKER, OutputError, _remove_render, render
 from infra.stackfiles import StackFileError, stack_config
 from plugin.config import MAX_ALLOCATIONS_LIMIT, MAX_POOLS
-from plugin.kubelet import MAX_UNIX_PATH
-from plugin.launch import RESCAN_INTERVAL_RANGE
-from plugin.userfiles import MAX_DIGITS, MAX_FILE_BYTES
+from plugin.core.userfiles import MAX_DIGITS, MAX_FILE_BYTES
+from plugin.launch import MAX_UNIX_PATH, RESCAN_INTERVAL_RANGE
 
 SENTINEL = "s3cr3t-Zq9"  # a value that must never appear in what the project writes
 

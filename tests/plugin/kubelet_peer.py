@@ -14,8 +14,8 @@ from pathlib import Path
 
 import grpc
 
-from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from plugin.kubelet import CHANNEL_OPTIONS
+from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from plugin.deviceplugin.endpoint import CHANNEL_OPTIONS
 
 # like the Go kubelet: no subchannel shared between channels
 OPTIONS = CHANNEL_OPTIONS

@@ -13,11 +13,6 @@ from typing import Any
 from plugin.launch import DiscoveryKind, LaunchSpec, LogLevel
 
 
-def plugin_argv(spec: LaunchSpec) -> list[str]:
-    """The plugin's command line as every test level runs it: the launch contract's flags."""
-    return [sys.executable, "-m", "plugin", *spec.argv()]
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -25,7 +20,7 @@ def free_port() -> int:
 
 
 class PluginProcess:
-    """`python -m plugin …` on a sysfs and dev root (a fixture tree's, or the VM's own) with a
+    """The device plugin on a sysfs and dev root (a fixture tree's, or the VM's own) with a
     temp plugin dir and a metrics port of its own."""
 
     def __init__(
@@ -74,7 +69,7 @@ class PluginProcess:
         """The command line; `raw` flags go last, as given (the CLI's own refusals are tested
         with them)."""
         netns = ("ip", "netns", "exec", self.netns) if self.netns else ()
-        return [*netns, *plugin_argv(self.spec(config, **overrides)), *raw]
+        return [*netns, *self.spec(config, **overrides).command(sys.executable), *raw]
 
     async def start(self, config: Path | None = None, *raw: str, **overrides: Any) -> None:
         with self.log.open("ab") as log:

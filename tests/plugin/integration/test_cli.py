@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from plugin.config import MAX_DEVICE_IDS, MAX_POOLS
-from plugin.kubelet import MAX_UNIX_PATH
-from plugin.launch import RESCAN_INTERVAL_RANGE
-from plugin.userfiles import MAX_DIGITS
+from plugin.core.userfiles import MAX_DIGITS
+from plugin.launch import MAX_UNIX_PATH, RESCAN_INTERVAL_RANGE
 from tests.plugin.plugin_process import PluginProcess
 
 
@@ -200,7 +199,9 @@ def test_a_bad_flag_with_stderr_full_still_exits_2(plugin: PluginProcess) -> Non
     assert done.returncode == 2
 
 
-@pytest.mark.parametrize("module", ["plugin", "plugin.podenv", "infra.render", "infra.deploy"])
+@pytest.mark.parametrize(
+    "module", ["plugin.deviceplugin", "plugin.podenv", "infra.render", "infra.deploy"]
+)
 def test_help_to_a_full_stdout_is_one_line(module: str) -> None:
     with open("/dev/full", "w") as full:
         done = subprocess.run(

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from plugin.api.v1beta1 import api_pb2
+from plugin.deviceplugin.api.v1beta1 import api_pb2
 from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.plugin_process import PluginProcess
 from tests.plugin.sysfs_tree import PortSpec, SysfsTree
@@ -208,7 +208,7 @@ async def test_a_pool_whose_selector_matches_nothing_is_an_error_and_a_metric(
 
     assert kubelet.devices() == []
     assert (
-        "ERROR plugin.health: rdma/hca: its selector matches none of this node's HCAs "
+        "ERROR plugin.core.health: rdma/hca: its selector matches none of this node's HCAs "
         "(mlx5_0, mlx5_1)" in plugin.output()
     )
     assert "\nrdma_plugin_problems 1.0\n" in await _metrics(plugin.metrics_port)

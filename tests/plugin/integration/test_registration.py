@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from plugin.api.v1beta1 import api_pb2
+from plugin.deviceplugin.api.v1beta1 import api_pb2
 from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.plugin_process import PluginProcess
 from tests.plugin.sysfs_tree import SysfsTree

@@ -15,9 +15,9 @@ from typing import Any
 import grpc
 import pytest
 
-from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from plugin.instance import holder
-from plugin.kubelet import MAX_UNIX_PATH, socket_name
+from plugin.core.instance import holder
+from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from plugin.launch import MAX_UNIX_PATH, socket_name
 from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.plugin_process import PluginProcess
 from tests.plugin.sysfs_tree import SysfsTree

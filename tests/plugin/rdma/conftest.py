@@ -33,7 +33,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 @pytest.fixture
 async def plugin(short_tmp: Path, plugin_dir: Path) -> AsyncIterator[PluginProcess]:
-    """`python -m plugin --discovery verbs` on the guest's real /sys and /dev."""
+    """The device plugin with `--discovery verbs` on the guest's real /sys and /dev."""
     proc = PluginProcess(short_tmp, plugin_dir, sysfs=SYS, dev=DEV, discovery="verbs")
     yield proc
     await proc.close()

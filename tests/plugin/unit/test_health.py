@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from plugin.config import PluginConfig, Pool
-from plugin.discovery.model import CharDevices, Hca, Inventory, Port
-from plugin.health import HealthWatcher
-from plugin.kubelet import Endpoint
-from plugin.metrics import Metrics
-from plugin.pool import PoolView
+from plugin.core.discovery.model import CharDevices, Hca, Inventory, Port
+from plugin.core.health import HealthWatcher
+from plugin.core.metrics import Metrics
+from plugin.core.pool import PoolView
+from plugin.deviceplugin.endpoint import Endpoint
 
 RTM_NEWLINK, IFF_UP, IFF_LOWER_UP = 16, 0x1, 0x10000
 

@@ -7,7 +7,8 @@ import ipaddress
 import socket
 import struct
 
-from plugin.netaddrs import (
+from plugin.core.rtnetlink import NLMSG_DONE, NLMSGHDR
+from plugin.podenv.netaddrs import (
     IFA_ADDRESS,
     IFA_F_TENTATIVE,
     IFA_FLAGS,
@@ -15,7 +16,6 @@ from plugin.netaddrs import (
     RTM_NEWADDR,
     parse,
 )
-from plugin.rtnetlink import NLMSG_DONE, NLMSGHDR
 
 
 def _attr(kind: int, payload: bytes) -> bytes:

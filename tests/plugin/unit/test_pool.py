@@ -8,13 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plugin import pool as policy
-from plugin.api.v1beta1 import api_pb2
 from plugin.config import PluginConfig, Pool, Selector
-from plugin.discovery.model import CharDevices, Gid, Hca, Inventory, Port
-from plugin.discovery.sysfs import UNREADABLE
-from plugin.netmode import non_host_network_problems
-from plugin.wire import list_and_watch_response
+from plugin.core import pool as policy
+from plugin.core.discovery.model import CharDevices, Gid, Hca, Inventory, Port
+from plugin.core.discovery.sysfs import UNREADABLE
+from plugin.core.netmode import non_host_network_problems
+from plugin.deviceplugin.api.v1beta1 import api_pb2
+from plugin.deviceplugin.wire import list_and_watch_response
+from plugin.launch import HCAS_ENV
 
 DEV = Path("/host/dev")
 
@@ -178,7 +179,7 @@ def test_ids_unique_short_and_allocate_covers_exactly_their_usable_hcas(
     usable = [h for h in hcas if h.name in want and h.unhealthy_reason() is None]
     got = {Path(s.host_path).name for s in alloc.devices} - {"rdma_cm"}
     assert got == {n for h in usable for n in (h.chardevs.uverbs, *h.chardevs.umad)}
-    assert alloc.envs[policy.HCAS_ENV] == ",".join(h.name for h in usable)
+    assert alloc.envs[HCAS_ENV] == ",".join(h.name for h in usable)
 
 
 @settings(max_examples=100, deadline=None)
@@ -221,7 +222,7 @@ def test_an_hca_whose_port_cannot_be_read_is_not_handed_out_by_a_shared_id() -> 
 
     alloc = allocate(v, ["hca-0"], DEV)
 
-    assert alloc.envs == {policy.HCAS_ENV: "mlx5_1"}
+    assert alloc.envs == {HCAS_ENV: "mlx5_1"}
     assert [Path(s.host_path).name for s in alloc.devices] == ["rdma_cm", "uverbs1", "umad1"]
 
 

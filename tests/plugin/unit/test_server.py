@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from plugin import pool as policy
-from plugin.api.v1beta1 import api_pb2
 from plugin.config import Pool
-from plugin.metrics import Metrics
-from plugin.server import DevicePluginServicer
+from plugin.core import pool as policy
+from plugin.core.metrics import Metrics
+from plugin.deviceplugin.api.v1beta1 import api_pb2
+from plugin.deviceplugin.servicer import DevicePluginServicer
 from tests.plugin.unit.test_pool import hca
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from plugin.discovery.model import Gid, Hca
-from plugin.discovery.sysfs import SysfsDiscovery
+from plugin.core.discovery.model import Gid, Hca
+from plugin.core.discovery.sysfs import SysfsDiscovery
 from tests.plugin.sysfs_tree import PortSpec, SysfsTree, two_mlx5
 
 
@@ -137,7 +137,9 @@ def test_no_rdma_at_all_is_an_empty_inventory(tmp_path: Path) -> None:
 
 
 def test_verbs_discovery_without_rdma_reports_zero_devices(tmp_path: Path) -> None:
-    verbs = pytest.importorskip("plugin.discovery.verbs", reason="missing optional peer: pyverbs")
+    verbs = pytest.importorskip(
+        "plugin.core.discovery.verbs", reason="missing optional peer: pyverbs"
+    )
     discovery = verbs.VerbsDiscovery(tmp_path / "sys", tmp_path / "dev")
     if Path("/sys/class/infiniband_verbs").exists():
         pytest.skip("missing optional peer: a host without RDMA (this one has verbs devices)")

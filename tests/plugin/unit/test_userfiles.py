@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.userfiles import (
+from plugin.core.userfiles import (
     MAX_DIGITS,
     MAX_VALUES,
     ParseError,

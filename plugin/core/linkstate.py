@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from plugin.discovery.model import Inventory, Port
-from plugin.rtnetlink import attributes, messages
+from plugin.core.discovery.model import Inventory, Port
+from plugin.core.rtnetlink import attributes, messages
 
 _IFINFOMSG = struct.Struct("=BxHiII")  # family, device type, ifindex, flags, change mask
 RTM_NEWLINK = 16

@@ -10,11 +10,11 @@ from typing import Protocol
 
 import grpc
 
-from plugin import pool as policy
-from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from plugin.metrics import Metrics
-from plugin.userfiles import shown
-from plugin.wire import list_and_watch_response
+from plugin.core import pool as policy
+from plugin.core.metrics import Metrics
+from plugin.core.userfiles import shown
+from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from plugin.deviceplugin.wire import list_and_watch_response
 
 logger = logging.getLogger(__name__)
 

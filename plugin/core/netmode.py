@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plugin.discovery.model import Hca, Inventory
+from plugin.core.discovery.model import Hca, Inventory
 
 
 def non_host_network_problems(inventory: Inventory, hcas: tuple[Hca, ...]) -> list[str]:

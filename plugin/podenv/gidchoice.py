@@ -12,11 +12,10 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-from plugin.discovery.model import ROCE_V2, Gid, Hca
+from plugin.core.discovery.model import ROCE_V2, Gid, Hca
+from plugin.launch import Family
 
-Family = Literal["ipv6", "ipv4"]
 IP = ipaddress.IPv4Address | ipaddress.IPv6Address
 FIX = (
     "give the pod an address on the RDMA network: hostNetwork: true, or (off the host network) "

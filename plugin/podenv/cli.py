@@ -27,23 +27,28 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import get_args
 
-from plugin.discovery.model import Hca
-from plugin.discovery.sysfs import SysfsDiscovery
-from plugin.gidchoice import COMPUTED, Choice, Family, NoGidError, choose
-from plugin.netaddrs import namespace_addresses
-from plugin.pool import HCAS_ENV
-from plugin.terminal import Parser, say
-from plugin.userfiles import file_kind, shown, why_not_writable
-
-FAMILIES: tuple[Family, ...] = ("ipv6", "ipv4")
+from plugin.core.discovery.model import Hca
+from plugin.core.discovery.sysfs import SysfsDiscovery
+from plugin.core.terminal import Parser, say
+from plugin.core.userfiles import file_kind, shown, why_not_writable
+from plugin.launch import (
+    HCAS_ENV,
+    PODENV_MODULE,
+    Family,
+    FamilyChoice,
+    PodenvSpec,
+    family_for,
+)
+from plugin.podenv.gidchoice import COMPUTED, Choice, NoGidError, choose
+from plugin.podenv.netaddrs import namespace_addresses
 
 
 def auto_family(hcas: Sequence[Hca], ifnames: set[str]) -> Family:
-    """ipv4 on the host network, ipv6 off it. sysfs shows a namespace only its own netdevs: in a
-    pod's, an HCA's PCI function lists none and its netdev is not among the interfaces."""
-    on_host = any(n in ifnames for h in hcas for n in h.netdevs)
-    return "ipv4" if on_host else "ipv6"
+    """The family for the network this namespace is on. sysfs shows a namespace only its own
+    netdevs: in a pod's, an HCA's PCI function lists none and its netdev is not an interface."""
+    return family_for(host_network=any(n in ifnames for h in hcas for n in h.netdevs))
 
 
 def render(choice: Choice, extra: dict[str, str]) -> str:
@@ -119,10 +124,10 @@ def _hca_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser("python -m plugin.podenv", __doc__)
+    p = Parser(f"python -m {PODENV_MODULE}", __doc__)
     p.add_argument("--sysfs-root", type=Path, default=Path("/sys"))
     p.add_argument("--hcas", default=os.environ.get(HCAS_ENV, ""), help=f"default ${HCAS_ENV}")
-    p.add_argument("--family", choices=["auto", *FAMILIES], default="auto")
+    p.add_argument("--family", choices=get_args(FamilyChoice), default=PodenvSpec().family)
     p.add_argument("--set", type=_key_value, action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", type=_out, help="write here (atomically) instead of stdout")
     args = p.parse_args(argv)

@@ -10,15 +10,13 @@ from functools import cached_property
 from pathlib import Path
 
 from plugin.config import MAX_ID_LENGTH, PluginConfig, Pool, Selector, shared_device_id
-from plugin.discovery.model import Hca, Inventory
-from plugin.userfiles import shown
+from plugin.core.discovery.model import Hca, Inventory
+from plugin.core.userfiles import shown
+from plugin.launch import HCAS_ENV
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 CONTAINER_DEV = Path("/dev/infiniband")
-
-# The container env that names the HCAs an allocation gave (python -m plugin.podenv reads it).
-HCAS_ENV = "LINGJUN_RDMA_HCAS"
 
 
 class AllocationError(ValueError):

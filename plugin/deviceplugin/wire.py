@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from plugin import pool as policy
-from plugin.api.v1beta1 import api_pb2
+from plugin.core import pool as policy
+from plugin.deviceplugin.api.v1beta1 import api_pb2
 
 
 def list_and_watch_response(view: policy.PoolView) -> api_pb2.ListAndWatchResponse:

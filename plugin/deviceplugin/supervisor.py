@@ -9,15 +9,15 @@ import signal
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 
-from plugin import pool as policy
 from plugin.config import ConfigError, PluginConfig, load_config
-from plugin.discovery.model import Discovery
-from plugin.events import DirWatcher
-from plugin.health import HealthWatcher
-from plugin.kubelet import Endpoint
+from plugin.core import pool as policy
+from plugin.core.discovery.model import Discovery
+from plugin.core.events import DirWatcher
+from plugin.core.health import HealthWatcher
+from plugin.core.metrics import Metrics, serve_http
+from plugin.core.terminal import say
+from plugin.deviceplugin.endpoint import Endpoint
 from plugin.launch import LaunchSpec
-from plugin.metrics import Metrics, serve_http
-from plugin.terminal import say
 
 logger = logging.getLogger(__name__)
 

@@ -10,12 +10,14 @@ import signal
 import sys
 from pathlib import Path
 
-from plugin import instance, launch, supervisor
+from plugin import launch
 from plugin.config import ConfigError, PluginConfig, load_config
-from plugin.discovery.model import Discovery, DiscoveryError
-from plugin.discovery.sysfs import SysfsDiscovery
-from plugin.kubelet import MAX_UNIX_PATH, socket_name
-from plugin.terminal import say
+from plugin.core import instance
+from plugin.core.discovery.model import Discovery, DiscoveryError
+from plugin.core.discovery.sysfs import SysfsDiscovery
+from plugin.core.terminal import say
+from plugin.deviceplugin import supervisor
+from plugin.launch import MAX_UNIX_PATH, socket_name
 
 logger = logging.getLogger("plugin")
 
@@ -36,7 +38,7 @@ def choose_discovery(kind: str, sysfs_root: Path, dev_root: Path) -> Discovery:
     if kind == "sysfs":
         return SysfsDiscovery(sysfs_root, dev_root)
     try:
-        from plugin.discovery.verbs import VerbsDiscovery
+        from plugin.core.discovery.verbs import VerbsDiscovery
     except ImportError as exc:
         if kind == "verbs":
             raise DiscoveryError(f"--discovery verbs needs pyverbs ({exc})") from exc

@@ -1,7 +1,7 @@
 import sys
 
 try:
-    from plugin.cli import main
+    from plugin.deviceplugin.cli import main
 
     sys.exit(main())
 except KeyboardInterrupt:  # before the CLI's own handling: while Python imports it

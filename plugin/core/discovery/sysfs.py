@@ -8,8 +8,8 @@ import os
 import stat
 from pathlib import Path
 
-from plugin.discovery.model import CharDevices, Gid, GidType, Hca, Inventory, Port
-from plugin.userfiles import UnreadableError, decimal, file_kind, read_text, shown
+from plugin.core.discovery.model import CharDevices, Gid, GidType, Hca, Inventory, Port
+from plugin.core.userfiles import UnreadableError, decimal, file_kind, read_text, shown
 
 logger = logging.getLogger(__name__)
 

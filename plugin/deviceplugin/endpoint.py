@@ -12,21 +12,17 @@ from pathlib import Path
 
 import grpc
 
-from plugin import pool as policy
-from plugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.config import Pool
-from plugin.metrics import Metrics
-from plugin.server import DevicePluginServicer
-from plugin.userfiles import file_kind, why_not_writable
+from plugin.core import pool as policy
+from plugin.core.metrics import Metrics
+from plugin.core.userfiles import file_kind, why_not_writable
+from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from plugin.deviceplugin.servicer import DevicePluginServicer
+from plugin.launch import KUBELET_SOCKET, socket_name
 
 logger = logging.getLogger(__name__)
 
-KUBELET_SOCKET = "kubelet.sock"
 API_VERSION = "v1beta1"
-# The longest unix socket path grpc-core binds ("Path name should not have more than 107
-# characters" from 106 bytes on: it counts more than sockaddr_un's NUL); a unit test binds one
-# of exactly this length and fails on one more, so a grpc that changes it is caught.
-MAX_UNIX_PATH = 105
 # A fresh subchannel per channel: grpc-python otherwise shares subchannels between channels to
 # the same address, and one that failed while the kubelet restarted answers from its reconnect
 # backoff (seconds) instead of dialing the new kubelet.sock.
@@ -37,10 +33,6 @@ _BACKOFF_START, _BACKOFF_MAX = 0.1, 5.0
 _REGISTER_TIMEOUT = 15.0
 # A kubelet answers a connection at once: one that has not after this long is said to be slow.
 _SLOW = 1.0
-
-
-def socket_name(resource_name: str) -> str:
-    return "lingjun-rdma-" + resource_name.replace("/", "_") + ".sock"
 
 
 class Endpoint:

@@ -10,13 +10,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from plugin import pool as policy
 from plugin.config import PluginConfig
-from plugin.discovery.model import Discovery, Inventory
-from plugin.events import KernelEvents
-from plugin.linkstate import carrier_changes, without_carrier
-from plugin.metrics import Metrics
-from plugin.netmode import non_host_network_problems
+from plugin.core import pool as policy
+from plugin.core.discovery.model import Discovery, Inventory
+from plugin.core.events import KernelEvents
+from plugin.core.linkstate import carrier_changes, without_carrier
+from plugin.core.metrics import Metrics
+from plugin.core.netmode import non_host_network_problems
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from pyverbs import device as verbs  # pyright: ignore[reportMissingImports]
 from pyverbs import enums  # pyright: ignore[reportMissingImports]
 from pyverbs.pyverbs_error import PyverbsError  # pyright: ignore[reportMissingImports]
 
-from plugin.discovery.model import DiscoveryError, Gid, GidType, Hca, Inventory, Port
-from plugin.discovery.sysfs import SysfsDiscovery, read
+from plugin.core.discovery.model import DiscoveryError, Gid, GidType, Hca, Inventory, Port
+from plugin.core.discovery.sysfs import SysfsDiscovery, read
 
 # query_gid_table numbers GID types its own way (not the sysfs numbering of query_gid_type).
 _GID_TYPES: dict[int, GidType] = {

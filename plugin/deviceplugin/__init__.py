@@ -1,0 +1,1 @@
+"""The kubelet device plugin front end (API v1beta1): `python -m plugin.deviceplugin`."""

@@ -1,0 +1,1 @@
+"""The pod's NCCL settings resolver: `python -m plugin.podenv`."""

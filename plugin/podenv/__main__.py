@@ -1,0 +1,5 @@
+import sys
+
+from plugin.podenv.cli import main
+
+sys.exit(main())
