@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import math
 import re
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 from pulumi.runtime import get_config, get_config_env, is_config_secret
-from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationError
-from pydantic.alias_generators import to_camel
+from pydantic import SecretStr, ValidationError
 
 from infra.credentials import (
     CREDENTIAL_KEYS,
@@ -24,44 +21,23 @@ from infra.credentials import (
 )
 from infra.images import is_pinned, reference_problem
 from infra.jobs import SAMPLES
-from plugin.config import (
-    DEFAULT_MAX_ALLOCATIONS,
-    DEFAULT_RESOURCE_NAME,
-    ConfigError,
-    PluginConfig,
-    Problem,
-    check_resource_name,
-    parse_pool,
+from infra.keys import (
+    IMAGE_KEYS,
+    KNOWN_KEYS,
+    LIST_KEYS,
+    Keys,
+    StackConfigError,
+    describe,
+    seconds,
+    unknown_key_problems,
 )
+from infra.keys import config_set as _set
+from infra.keys import qualified as _key
+from infra.pluginbridge import plugin_config, plugin_launch
+from plugin.config import PluginConfig
 from plugin.core.userfiles import shown
-from plugin.launch import DEFAULT_CONFIG_PATH, RESCAN_INTERVAL_RANGE, LaunchError, LaunchSpec
+from plugin.launch import LaunchSpec
 
-PROJECT = "lingjun-rdma"
-PROJECT_DIR = Path(__file__).resolve().parent.parent  # Pulumi.yaml, stacks/
-# Which config key holds each sample Job's image, from the catalogue.
-_IMAGE_KEYS = {s.image_key: name for name, s in SAMPLES.items()}
-
-
-class StackConfigError(ValueError):
-    """Stack config the program refuses; each line names the key and the command that fixes it."""
-
-
-def _key(name: str) -> str:
-    return f"{PROJECT}:{name}"
-
-
-def _set(name: str, value: str) -> str:
-    return f"(pulumi config set {_key(name)} {value})"
-
-
-def _true_or_false(value: object) -> object:
-    """Pulumi's `boolean` is the text true or false; pydantic alone would take yes, on, 1."""
-    if isinstance(value, str) and value not in ("true", "false"):
-        raise ValueError(f"{shown(value)} is not a boolean: use true or false")
-    return value
-
-
-Flag = Annotated[bool, BeforeValidator(_true_or_false)]
 # At most the nodes of one ACK node pool (1000): a Lingjun node group holds tens; a slip like
 # 100000000 fails here, before any resource is planned, not at the cloud API.
 MAX_NODE_COUNT = 1000
@@ -181,103 +157,6 @@ class StackConfig:
         )
 
 
-class _Keys(BaseModel):
-    """Every key of the `lingjun-rdma` namespace but the sample images, as typed values;
-    defaults live in Pulumi.yaml's schema."""
-
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
-    )
-
-    region: str
-    cluster_mode: Literal["create", "existing"]
-    cluster_id: str | None = None
-    kubeconfig: SecretStr | None = None
-    kubernetes_version: str | None = None
-    zone_ids: tuple[str, ...]
-    vpc_cidr: str
-    vswitch_cidrs: tuple[str, ...]
-    service_cidr: str
-    ipv6: Flag
-    compute_network_ipv6: Flag
-    lingjun_cluster_id: str | None = None
-    lingjun_node_group_id: str | None = None
-    lingjun_machine_type: str | None = None
-    lingjun_image_id: str | None = None
-    lingjun_hpn_zone: str | None = None
-    lingjun_node_count: int
-    non_host_network: Flag
-    rdma_resource_name: str
-    rdma_max_allocations: int
-    rdma_pool_mode: Literal["shared", "exclusive"]
-    rdma_rescan_interval: int
-    namespace: str
-    plugin_image: str | None = None
-    plugin_image_build: Flag
-    acr_instance_id: str | None = None
-    registry_username: str | None = None
-    registry_password: SecretStr | None = None
-    sample_jobs: tuple[str, ...]
-    job_await_timeout: str | None = None
-    plugin_await_timeout: str
-
-    @property
-    def creates_cluster(self) -> bool:
-        return self.cluster_mode == "create"
-
-
-# A duration in one whole unit: what Pulumi's custom timeouts and activeDeadlineSeconds share.
-# A duration in one whole unit: what Pulumi's custom timeouts and activeDeadlineSeconds share.
-_DURATION = re.compile(r"^([0-9]+)(s|m|h)$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
-# The range of each duration key, in seconds: a day for one DaemonSet rollout, a week for a
-# sample Job (activeDeadlineSeconds); from 1 s, what a test of the deadline itself needs.
-DURATION_RANGES = {"pluginAwaitTimeout": (1, 86400), "jobAwaitTimeout": (1, 7 * 86400)}
-
-
-def _seconds(key: str, text: str, example: str) -> tuple[int | None, list[str]]:
-    """A duration key's value in seconds, or the problem with it."""
-    low, high = DURATION_RANGES[key]
-    match = _DURATION.match(text)
-    if match is None:
-        why = f"{shown(text)} is not a duration like {example}"
-    else:  # digits bounded before int(): Python refuses over 4300 of them
-        seconds = int(match[1]) * _UNIT_SECONDS[match[2]] if len(match[1]) <= 9 else high + 1
-        if low <= seconds <= high:
-            return seconds, []
-        why = f"{shown(text)} is not within {format_seconds(low)}..{format_seconds(high)}"
-    return None, [f"{_key(key)}: {why} {_set(key, example)}"]
-
-
-def format_seconds(seconds: int) -> str:
-    """The largest whole unit: 86400 -> 24h, 90 -> 90s."""
-    for unit, size in (("h", 3600), ("m", 60)):
-        if seconds % size == 0:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
-_LIST_KEYS = {"zoneIds", "vswitchCidrs", "sampleJobs"}
-_KNOWN_KEYS = {f.alias or to_camel(n) for n, f in _Keys.model_fields.items()} | set(_IMAGE_KEYS)
-
-
-def known_keys() -> frozenset[str]:
-    """The keys of the namespace, as a user spells them (`rdmaPoolMode`)."""
-    return frozenset(_KNOWN_KEYS)
-
-
-def unknown_key_problems(keys: Iterable[str]) -> list[str]:
-    """A line per key of the namespace that this project does not know (a misspelling)."""
-    prefix = f"{PROJECT}:"
-    unknown = sorted({k.removeprefix(prefix) for k in keys if k.startswith(prefix)} - _KNOWN_KEYS)
-    named = {k: _key(k) if len(k) <= 80 else shown(k) for k in unknown}
-    return [
-        f"{name}: unknown key: fix its spelling or remove it (pulumi config rm {name}); "
-        f"known keys: {', '.join(sorted(_KNOWN_KEYS))}"
-        for name in named.values()
-    ]
-
-
 def load() -> StackConfig:
     """Read and validate the stack's config through Pulumi's public config API.
 
@@ -290,7 +169,7 @@ def load() -> StackConfig:
     # Raw strings, not pulumi.Config.get: that warns on secret keys, and the model wraps those
     # (kubeconfig, registryPassword) in SecretStr until a component marks them secret outputs.
     raw: dict[str, str] = {}
-    for key in sorted(_KNOWN_KEYS):
+    for key in sorted(KNOWN_KEYS):
         value = get_config(_key(key))
         if value is not None and str(value) != "":
             raw[key] = str(value)
@@ -308,12 +187,12 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
     problems = _plaintext_credentials(raw, secret)
     reference_problems: list[str] = []
     for key, value in raw.items():
-        if key in _IMAGE_KEYS:  # checked whether or not its sample is enabled
+        if key in IMAGE_KEYS:  # checked whether or not its sample is enabled
             images[key] = value
             problem = reference_problem(value)
             if problem is not None:
                 reference_problems.append(f"{_key(key)}: {problem} {_set(key, '<image>:<tag>')}")
-        elif key in _LIST_KEYS:
+        elif key in LIST_KEYS:
             try:
                 values[key] = json.loads(value)
             except json.JSONDecodeError:
@@ -325,16 +204,16 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
     if problems:
         raise StackConfigError("\n".join(problems))
     try:
-        k = _Keys.model_validate(values)
+        k = Keys.model_validate(values)
     except ValidationError as exc:
-        raise StackConfigError("\n".join(_describe(e) for e in exc.errors())) from None
+        raise StackConfigError("\n".join(describe(e) for e in exc.errors())) from None
     # Each part reads its keys into its type, or says why it cannot; all problems at once.
     cluster, cluster_problems = _cluster(k)
     image, image_problems = _plugin_image(k)
-    plugin, plugin_problems = _plugin_config(k)
+    plugin, plugin_problems = plugin_config(k)
     samples, sample_problems = _samples(k, images)
     deadline, timeout_problems = _timeouts(k)
-    launch, launch_problems = _plugin_launch(k)
+    launch, launch_problems = plugin_launch(k)
     problems = [
         *_check_network_mode(k),
         *cluster_problems,
@@ -371,16 +250,7 @@ def _plaintext_credentials(raw: Mapping[str, str], secret: Set[str]) -> list[str
     ]
 
 
-def _describe(error: Any) -> str:
-    loc = error["loc"]
-    key = str(loc[0]) if loc else "(all)"
-    item = "".join(f"[{i}]" for i in loc[1:] if isinstance(i, int))  # sampleJobs[1]
-    if error["type"] == "missing":
-        return f"{_key(key)}: required: set it {_set(key, '<value>')}"
-    return f"{_key(key)}{item}: {error['msg']} {_set(key, '<value>')}"
-
-
-def _check_network_mode(k: _Keys) -> list[str]:
+def _check_network_mode(k: Keys) -> list[str]:
     if k.non_host_network and not k.compute_network_ipv6:
         # The managed add-on accepts this and silently does nothing; we refuse it.
         return [
@@ -395,7 +265,7 @@ def _check_network_mode(k: _Keys) -> list[str]:
 Cluster = CreateCluster | KubeconfigCluster | AckCluster
 
 
-def _cluster(k: _Keys) -> tuple[Cluster | None, list[str]]:
+def _cluster(k: Keys) -> tuple[Cluster | None, list[str]]:
     if k.cluster_mode == "existing":
         if k.kubeconfig is not None and k.cluster_id is not None:
             return None, [
@@ -437,7 +307,7 @@ def _cluster(k: _Keys) -> tuple[Cluster | None, list[str]]:
     return cluster, []
 
 
-def _lingjun_group(k: _Keys) -> tuple[NewLingjunGroup | AdoptedLingjunGroup | None, list[str]]:
+def _lingjun_group(k: Keys) -> tuple[NewLingjunGroup | AdoptedLingjunGroup | None, list[str]]:
     """An adopted node group (both ids), or the inputs to create one."""
     if k.lingjun_node_group_id is not None:
         if k.lingjun_cluster_id is None:
@@ -462,7 +332,7 @@ def _lingjun_group(k: _Keys) -> tuple[NewLingjunGroup | AdoptedLingjunGroup | No
     ]
 
 
-def _network(k: _Keys) -> tuple[NetworkPlan | None, list[str]]:
+def _network(k: Keys) -> tuple[NetworkPlan | None, list[str]]:
     problems: list[str] = []
     nets: dict[str, ipaddress.IPv4Network] = {}
     for key, value in (
@@ -517,7 +387,7 @@ _CLOUD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _K8S_VERSION = re.compile(r"1\.[0-9]{1,2}\.[0-9]{1,3}(-aliyun\.[0-9]{1,3})?")
 
 
-def _check_names(k: _Keys) -> list[str]:
+def _check_names(k: Keys) -> list[str]:
     problems: list[str] = []
     if not _REGION.fullmatch(k.region):
         problems.append(
@@ -559,65 +429,7 @@ def _check_names(k: _Keys) -> list[str]:
     return problems
 
 
-# Which stack key holds each field of the plugin's Pool (its errors name the field).
-_POOL_KEYS = {"name": "rdmaResourceName", "prefix": "rdmaResourceName",
-              "maxAllocations": "rdmaMaxAllocations", "mode": "rdmaPoolMode"}  # fmt: skip
-
-
-def _plugin_config(k: _Keys) -> tuple[PluginConfig | None, list[str]]:
-    """The plugin's own config from the stack keys: the plugin's model decides what is legal."""
-    key = "rdmaResourceName"
-    try:
-        check_resource_name(k.rdma_resource_name, field=_key(key))
-    except ConfigError as exc:
-        return None, [f"{exc} {_set(key, DEFAULT_RESOURCE_NAME)}"]
-    prefix, _, name = k.rdma_resource_name.partition("/")
-    fields: dict[str, object] = {"name": name, "prefix": prefix, "mode": k.rdma_pool_mode}
-    if k.rdma_pool_mode == "shared" or k.rdma_max_allocations != DEFAULT_MAX_ALLOCATIONS:
-        fields["maxAllocations"] = k.rdma_max_allocations  # the plugin refuses it if exclusive
-    try:
-        pool = parse_pool(fields)
-    except ConfigError as exc:
-        return None, [_pool_problem(p) for p in exc.problems]
-    return PluginConfig(non_host_network=k.non_host_network, pools=(pool,)), []
-
-
-def _plugin_launch(k: _Keys) -> tuple[LaunchSpec | None, list[str]]:
-    """The DaemonSet's flags; the plugin's LaunchSpec decides what is legal."""
-    try:
-        # sysfs, not auto: the container has no device-cgroup grant to open the verbs devices,
-        # so auto would only import pyverbs (+5.5 MiB RSS) to fall back to sysfs
-        spec = LaunchSpec(
-            config=DEFAULT_CONFIG_PATH,
-            discovery="sysfs",
-            rescan_interval=k.rdma_rescan_interval,
-        )
-    except LaunchError:
-        key = "rdmaRescanInterval"
-        low, high = RESCAN_INTERVAL_RANGE  # the stack key is whole seconds within the plugin's
-        return None, [
-            f"{_key(key)}: must be {max(1, math.ceil(low))}-{high:g} whole seconds "
-            f"{_set(key, f'{LaunchSpec().rescan_interval:g}')}"
-        ]
-    return spec, []
-
-
-def _pool_problem(problem: Problem) -> str:
-    # the stack's own fix (a pulumi config command) replaces the plugin file's generic one
-    msg, loc = problem.message.removesuffix(": fix this value"), problem.loc
-    if loc:
-        key = _POOL_KEYS.get(str(loc[0]), "rdmaResourceName")
-    else:  # the pool as a whole: say which key by what the plugin says
-        key = "rdmaMaxAllocations" if "maxAllocations" in msg else "rdmaResourceName"
-    fix = (
-        f"(pulumi config rm {_key(key)})"
-        if key == "rdmaMaxAllocations" and "shared pools only" in msg
-        else _set(key, str(DEFAULT_MAX_ALLOCATIONS) if key == "rdmaMaxAllocations" else "…")
-    )
-    return f"{_key(key)}: {msg} {fix}"
-
-
-def _plugin_image(k: _Keys) -> tuple[PinnedImage | BuiltImage | None, list[str]]:
+def _plugin_image(k: Keys) -> tuple[PinnedImage | BuiltImage | None, list[str]]:
     if k.plugin_image_build:
         return _built_image(k)
     build_only = {
@@ -652,7 +464,7 @@ def _plugin_image(k: _Keys) -> tuple[PinnedImage | BuiltImage | None, list[str]]
     return PinnedImage(k.plugin_image), []
 
 
-def _built_image(k: _Keys) -> tuple[BuiltImage | None, list[str]]:
+def _built_image(k: Keys) -> tuple[BuiltImage | None, list[str]]:
     problems: list[str] = []
     if k.plugin_image is not None:
         problems.append(
@@ -684,19 +496,19 @@ def _built_image(k: _Keys) -> tuple[BuiltImage | None, list[str]]:
     return BuiltImage(k.acr_instance_id, login), []
 
 
-def _timeouts(k: _Keys) -> tuple[int | None, list[str]]:
+def _timeouts(k: Keys) -> tuple[int | None, list[str]]:
     """The Jobs' deadline in seconds (None: not awaited), after both durations are checked."""
-    _, problems = _seconds("pluginAwaitTimeout", k.plugin_await_timeout, "10m")
+    _, problems = seconds("pluginAwaitTimeout", k.plugin_await_timeout, "10m")
     if k.job_await_timeout is None:
         return None, problems
-    deadline, job_problems = _seconds("jobAwaitTimeout", k.job_await_timeout, "30m")
+    deadline, job_problems = seconds("jobAwaitTimeout", k.job_await_timeout, "30m")
     return deadline, problems + [
         f"{p}, or unset it to skip awaiting (pulumi config rm {_key('jobAwaitTimeout')})"
         for p in job_problems
     ]
 
 
-def _samples(k: _Keys, images: Mapping[str, str]) -> tuple[tuple[SampleJob, ...], list[str]]:
+def _samples(k: Keys, images: Mapping[str, str]) -> tuple[tuple[SampleJob, ...], list[str]]:
     samples: list[SampleJob] = []
     problems: list[str] = []
     for name in sorted({n for n in k.sample_jobs if k.sample_jobs.count(n) > 1}):

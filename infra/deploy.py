@@ -27,8 +27,8 @@ from pathlib import Path
 
 from pulumi import automation as auto
 
-from infra.config import PROJECT, PROJECT_DIR, StackConfigError
 from infra.interrupt import children
+from infra.keys import PROJECT, PROJECT_DIR, StackConfigError
 from infra.program import main as program_main
 from infra.stackfiles import StackFileError, stack_config
 from plugin.core.terminal import Parser, say

@@ -12,7 +12,8 @@ import pulumi_docker_build as docker_build
 import pulumi_kubernetes as k8s
 
 from infra.alicloud import cs
-from infra.config import BuiltImage, PinnedImage, RegistryLogin, StackConfigError
+from infra.config import BuiltImage, PinnedImage, RegistryLogin
+from infra.keys import StackConfigError
 from plugin.config import PluginConfig
 from plugin.launch import DEFAULT_DEVICE_PLUGIN_DIR, LaunchSpec
 

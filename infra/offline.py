@@ -11,8 +11,8 @@ from typing import Any, cast
 import pulumi
 from pulumi.runtime.mocks import MockMonitor
 
-from infra.config import PROJECT
 from infra.credentials import SECRET
+from infra.keys import PROJECT
 from infra.program import main as program_main
 
 # How Pulumi's wire format marks a secret value inside resource inputs.

@@ -30,10 +30,10 @@ from kubernetes_validate.utils import (  # pyright: ignore[reportMissingTypeStub
     ValidationError as SchemaError,
 )
 
-from infra.config import StackConfigError
 from infra.credentials import SECRET
 from infra.interrupt import deferred
 from infra.jobs import JobSpecError
+from infra.keys import StackConfigError
 from infra.offline import (
     RenderError,
     RunResult,

@@ -9,13 +9,8 @@ import re
 from pathlib import Path
 from typing import Any, cast
 
-from infra.config import (
-    PROJECT,
-    PROJECT_DIR,
-    StackConfigError,
-    unknown_key_problems,
-)
 from infra.credentials import CREDENTIAL_KEYS, SECRET
+from infra.keys import PROJECT, PROJECT_DIR, StackConfigError, unknown_key_problems
 from plugin.core.userfiles import ParseError, UnreadableError, parse_yaml, read_text, shown
 
 

@@ -35,28 +35,40 @@ _NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 Loc = tuple[str | int, ...]
 
 
+FIX_VALUE = "fix this value"
+
+
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a config, at `loc` (`("pools", 0, "maxAllocations")`)."""
+    """One thing wrong with a config, as data: where (`("pools", 0, "maxAllocations")`), what,
+    and the fix; `remove` when the fix is to remove the key (it does not apply). infra/ maps
+    them to stack keys and fixes of its own without reading the text."""
 
     loc: Loc
     message: str
+    fix: str = FIX_VALUE
+    remove: bool = False
 
     def __str__(self) -> str:
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in self.loc)
-        return f"{where.lstrip('.') or '(top level)'}: {self.message}"
+        return f"{where.lstrip('.') or '(top level)'}: {self.message}: {self.fix}"
 
 
 class ConfigError(ValueError):
-    """A config that the plugin (or infra/) must refuse; the message names the field and the fix.
-    `problems` holds each one with its location when the config was read field by field."""
+    """A config that the plugin (or infra/) must refuse. A refusal of one value carries it as
+    data: `field` (the camelCase key), `why` and `fix`; one of a file read field by field holds
+    every `problems` with its location."""
 
     def __init__(
-        self, message: str, problems: tuple[Problem, ...] = (), *, field: str | None = None
+        self,
+        why: str,
+        problems: tuple[Problem, ...] = (),
+        *,
+        field: str | None = None,
+        fix: str = FIX_VALUE,
     ) -> None:
-        super().__init__(message)
-        self.problems = problems
-        self.field = field  # the key (camelCase) it concerns, when one does
+        super().__init__(f"{why}: {fix}" if not problems else why)
+        self.problems, self.field, self.why, self.fix = problems, field, why, fix
 
 
 def shared_device_id(pool_name: str, index: int) -> str:
@@ -64,21 +76,24 @@ def shared_device_id(pool_name: str, index: int) -> str:
     return f"{pool_name}-{index}"
 
 
-def check_resource_name(resource_name: str, *, field: str) -> None:
-    """Refuse a resource name the kubelet's Register would refuse; `field` names the config key."""
+def check_resource_name(resource_name: str) -> None:
+    """Refuse a resource name the kubelet's Register would refuse (field `name`)."""
     prefix, sep, name = resource_name.partition("/")
     fix = "use <domain>/<name>, e.g. rdma/hca"
     if not sep or not prefix or not name:
-        raise ConfigError(f"{field}: {shown(resource_name)} is not <prefix>/<name>: {fix}")
-    if len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
-        raise ConfigError(f"{field}: prefix {shown(prefix)} is not a DNS subdomain: {fix}")
-    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
-        raise ConfigError(f"{field}: the kubernetes.io domain is reserved: {fix}")
-    if len(name) > 63 or not _NAME_PART.match(name):
-        raise ConfigError(
-            f"{field}: name {shown(name)} must be 1-63 letters, digits, '-', '_' or '.', "
-            f"starting and ending alphanumeric: {fix}"
+        why = f"{shown(resource_name)} is not <prefix>/<name>"
+    elif len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
+        why = f"prefix {shown(prefix)} is not a DNS subdomain"
+    elif prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
+        why = "the kubernetes.io domain is reserved"
+    elif len(name) > 63 or not _NAME_PART.match(name):
+        why = (
+            f"name {shown(name)} must be 1-63 letters, digits, '-', '_' or '.', starting and "
+            "ending alphanumeric"
         )
+    else:
+        return
+    raise ConfigError(why, field="name", fix=fix)
 
 
 @dataclass(frozen=True)
@@ -109,7 +124,7 @@ class Pool:
         return f"{self.prefix}/{self.name}"
 
     def __post_init__(self) -> None:
-        check_resource_name(self.resource_name, field="name/prefix")
+        check_resource_name(self.resource_name)
         if not 1 <= self.max_allocations <= MAX_ALLOCATIONS_LIMIT:
             raise ConfigError(
                 f"{self.max_allocations} is not within 1-{MAX_ALLOCATIONS_LIMIT}",
@@ -119,9 +134,9 @@ class Pool:
             longest = len(shared_device_id(self.name, self.max_allocations - 1))
             if longest > MAX_ID_LENGTH:
                 raise ConfigError(
-                    f"device IDs would be {longest} characters (max {MAX_ID_LENGTH}): "
-                    "shorten the pool name",
+                    f"device IDs would be {longest} characters (max {MAX_ID_LENGTH})",
                     field="name",
+                    fix="shorten the pool name",
                 )
 
 
@@ -135,11 +150,14 @@ class PluginConfig:
 
     def __post_init__(self) -> None:
         if not self.pools:
-            raise ConfigError("no pool: list at least one, or omit pools for the default rdma/hca")
+            raise ConfigError(
+                "no pool", field="pools", fix="list at least one, or omit pools for rdma/hca"
+            )
         if len(self.pools) > MAX_POOLS:
             raise ConfigError(
                 f"{len(self.pools)} pools: at most {MAX_POOLS} (each is a socket and a server)",
                 field="pools",
+                fix="merge pools",
             )
         ids = sum(p.max_allocations for p in self.pools if p.mode == "shared")
         if ids > MAX_DEVICE_IDS:
@@ -147,18 +165,24 @@ class PluginConfig:
                 f"the shared pools' maxAllocations add up to {ids}: at most {MAX_DEVICE_IDS} "
                 "device IDs in all (each is held and listed to the kubelet)",
                 field="pools",
+                fix="lower maxAllocations",
             )
         names = [p.name for p in self.pools]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:  # unique names also keep resource names and socket names unique
-            raise ConfigError(f"duplicate pool name {shown(dupes[0])}: give each pool its own name")
+            raise ConfigError(
+                f"duplicate pool name {shown(dupes[0])}",
+                field="pools",
+                fix="give each pool its own name",
+            )
         exclusive = [p for p in self.pools if p.mode == "exclusive"]
         for i, a in enumerate(exclusive):
             for b in exclusive[i + 1 :]:
                 if a.selector == b.selector:
                     raise ConfigError(
-                        f"exclusive pools {shown(a.name)} and {shown(b.name)} select the same "
-                        "HCAs: make their selectors disjoint"
+                        f"exclusive pools {shown(a.name)} and {shown(b.name)} select the same HCAs",
+                        field="pools",
+                        fix="make their selectors disjoint",
                     )
 
     def to_file(self) -> str:
@@ -207,15 +231,15 @@ def load_config(path: Path, *, explicit: bool) -> PluginConfig:
             return PluginConfig()
         if exc.missing:
             raise ConfigError(
-                f"--config {path}: no such file: fix the path or omit --config"
+                f"--config {path}: no such file", fix="fix the path or omit --config"
             ) from None
         raise ConfigError(
-            f"--config {path}: cannot be read ({exc}): point it at the plugin's YAML file"
+            f"--config {path}: cannot be read ({exc})", fix="point it at the plugin's YAML file"
         ) from None
     try:
         data = parse_yaml(text)
     except ParseError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc}): fix the syntax") from None
+        raise ConfigError(f"{path}: not valid YAML ({exc})", fix="fix the syntax") from None
     return parse_config(data, str(path))
 
 
@@ -236,13 +260,13 @@ class _Reader:
     def __init__(self) -> None:
         self.problems: tuple[Problem, ...] = ()
 
-    def _fail(self, loc: Loc, message: str) -> None:
-        self.problems += (Problem(loc, message),)
+    def _fail(self, loc: Loc, message: str, fix: str = FIX_VALUE, *, remove: bool = False) -> None:
+        self.problems += (Problem(loc, message, fix, remove),)
 
     def _mapping(self, data: object, loc: Loc, cls: type) -> dict[str, object] | None:
         """`data`'s keys as `cls`'s field names; unknown keys are problems."""
         if not isinstance(data, dict):
-            self._fail(loc, f"expected a mapping, got {shown(data)}: fix this value")
+            self._fail(loc, f"expected a mapping, got {shown(data)}")
             return None
         names = {_camel(f.name): f.name for f in fields(cls)}
         read: dict[str, object] = {}
@@ -250,11 +274,12 @@ class _Reader:
             if isinstance(key, str) and key in names:
                 read[names[key]] = value
             elif isinstance(key, str) and _camel(key) in names:
-                self._fail((*loc, key), f"unknown key: the file spells it {_camel(key)}")
+                self._fail((*loc, key), "unknown key", f"the file spells it {_camel(key)}")
             else:
                 label = "(a null key)" if key is None else key if isinstance(key, str) else None
                 where = label if label is not None and len(label) <= 80 else shown(key)
-                self._fail((*loc, where), "unknown key: remove it or fix its spelling")
+                fix = "remove it or fix its spelling"
+                self._fail((*loc, where), "unknown key", fix, remove=True)
         return read
 
     def _build(self, loc: Loc, make: Callable[[], _T]) -> _T | None:
@@ -262,9 +287,7 @@ class _Reader:
         try:
             return make()
         except ConfigError as exc:
-            message = str(exc)
-            where = (*loc, exc.field) if exc.field else loc
-            self._fail(where, message if ": " in message else f"{message}: fix this value")
+            self._fail((*loc, exc.field) if exc.field else loc, exc.why, exc.fix)
             return None
 
     def config(self, data: object) -> PluginConfig | None:
@@ -282,9 +305,7 @@ class _Reader:
                 items = cast(list[object], raw)
                 kwargs["pools"] = tuple(self.pool(p, ("pools", i)) for i, p in enumerate(items))
             else:
-                self._fail(
-                    ("pools",), f"expected a list of pools, got {shown(raw)}: fix this value"
-                )
+                self._fail(("pools",), f"expected a list of pools, got {shown(raw)}")
         if self.problems:
             return None
         return self._build((), lambda: PluginConfig(**kwargs))
@@ -303,12 +324,13 @@ class _Reader:
             where = (*loc, "maxAllocations")
             slots = read["max_allocations"]
             if isinstance(slots, bool) or not isinstance(slots, int):
-                self._fail(where, f"{shown(slots)} is not a whole number: fix this value")
+                self._fail(where, f"{shown(slots)} is not a whole number")
             elif kwargs.get("mode") == "exclusive":
                 self._fail(
                     where,
-                    "applies to shared pools only (an exclusive pool has one ID per HCA): "
+                    "applies to shared pools only (an exclusive pool has one ID per HCA)",
                     "remove it or set mode: shared",
+                    remove=True,
                 )
             kwargs["max_allocations"] = slots
         if "selector" in read:
@@ -332,25 +354,26 @@ class _Reader:
     def _str(self, value: object, loc: Loc) -> str | None:
         if isinstance(value, str):
             return value
-        self._fail(loc, "missing: set it" if value is None else f"{shown(value)} is not text")
+        if value is None:
+            self._fail(loc, "missing", "set it")
+        else:
+            self._fail(loc, f"{shown(value)} is not text")
         return None
 
     def _bool(self, value: object, loc: Loc) -> bool | None:
         if isinstance(value, bool):
             return value
-        self._fail(loc, f"{shown(value)} is not true or false: fix this value")
+        self._fail(loc, f"{shown(value)} is not true or false")
         return None
 
     def _strs(self, value: object, loc: Loc) -> tuple[str, ...] | None:
         if isinstance(value, list) and all(isinstance(v, str) for v in cast(list[object], value)):
             return tuple(cast(list[str], value))
-        self._fail(
-            loc, f"expected a list of text, got {shown(cast(object, value))}: fix this value"
-        )
+        self._fail(loc, f"expected a list of text, got {shown(cast(object, value))}")
         return None
 
     def _choice(self, value: object, loc: Loc, choices: tuple[str, ...]) -> str | None:
         if isinstance(value, str) and value in choices:
             return value
-        self._fail(loc, f"{shown(value)} is not one of {', '.join(choices)}: fix this value")
+        self._fail(loc, f"{shown(value)} is not one of {', '.join(choices)}")
         return None

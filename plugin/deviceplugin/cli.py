@@ -29,8 +29,8 @@ def check_socket_paths(plugin_dir: Path, config: PluginConfig) -> None:
         if len(os.fsencode(path)) > MAX_UNIX_PATH:
             raise ConfigError(
                 f"--device-plugin-dir {plugin_dir}: the socket {path.name} there would be "
-                f"{len(os.fsencode(path))} bytes long, over the {MAX_UNIX_PATH}-byte unix "
-                "limit: use a shorter directory (the kubelet's is /var/lib/kubelet/device-plugins)"
+                f"{len(os.fsencode(path))} bytes long, over the {MAX_UNIX_PATH}-byte unix limit",
+                fix="use a shorter directory (the kubelet's is /var/lib/kubelet/device-plugins)",
             )
 
 

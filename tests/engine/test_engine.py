@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from pulumi import automation as auto
 
-from infra.config import PROJECT_DIR
+from infra.keys import PROJECT_DIR
 from tests.e2e.cluster import BUSYBOX_IMAGE, NODE, Cluster
 from tests.e2e.kube import Api, ApiError
 from tests.e2e.procs import eventually

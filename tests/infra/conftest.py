@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from infra.config import PROJECT_DIR
+from infra.keys import PROJECT_DIR
 from infra.offline import Registered, RunResult, manifests, run_program
 from infra.stackfiles import stack_config
 

@@ -7,18 +7,10 @@ import math
 import pytest
 import yaml
 
-from infra.config import (
-    PROJECT,
-    PROJECT_DIR,
-    BuiltImage,
-    KubeconfigCluster,
-    StackConfig,
-    StackConfigError,
-    known_keys,
-    parse,
-)
+from infra.config import BuiltImage, KubeconfigCluster, StackConfig, parse
 from infra.images import is_pinned
 from infra.jobs import JobSpecError, RdmaJobSpec, resolve_host_network
+from infra.keys import PROJECT, PROJECT_DIR, StackConfigError, known_keys
 from infra.offline import RecordingMocks, run_program
 from infra.stackfiles import stack_config
 from plugin.launch import RESCAN_INTERVAL_RANGE

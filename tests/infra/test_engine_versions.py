@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from importlib.metadata import version
 
-from infra.config import PROJECT_DIR
+from infra.keys import PROJECT_DIR
 
 
 def _built(variable: str) -> str:

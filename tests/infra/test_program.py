@@ -11,10 +11,10 @@ import yaml
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import get_monitor
 
-from infra.config import StackConfigError
 from infra.credentials import SECRET
 from infra.device_plugin import registry_endpoint
 from infra.jobs import LINGJUN_NCCL_ENV, RDMA_ENV_FILE, SAMPLES, job_spec
+from infra.keys import StackConfigError
 from infra.offline import RunResult, manifests, normalize, run_program
 from infra.stackfiles import stack_config
 from plugin import launch

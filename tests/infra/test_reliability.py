@@ -18,19 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import (
-    DURATION_RANGES,
-    MAX_NODE_COUNT,
-    PROJECT,
-    PROJECT_DIR,
-    StackConfig,
-    StackConfigError,
-    format_seconds,
-    parse,
-)
+from infra.config import MAX_NODE_COUNT, StackConfig, parse
 from infra.credentials import kubeconfig_credential
 from infra.images import reference_problem
 from infra.jobs import JOB_RANGES, JobSpecError, RdmaJobSpec
+from infra.keys import DURATION_RANGES, PROJECT, PROJECT_DIR, StackConfigError, format_seconds
 from infra.render import MARKER, OutputError, _remove_render, render
 from infra.stackfiles import StackFileError, stack_config
 from plugin.config import MAX_ALLOCATIONS_LIMIT, MAX_POOLS

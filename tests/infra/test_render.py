@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from infra.config import PROJECT_DIR
+from infra.keys import PROJECT_DIR
 from infra.offline import (
     OFFLINE_KUBECONFIG,
     SECRET,

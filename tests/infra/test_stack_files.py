@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.config import PROJECT, PROJECT_DIR, known_keys
+from infra.keys import PROJECT, PROJECT_DIR, known_keys
 from plugin.config import DEFAULT_MAX_ALLOCATIONS, DEFAULT_RESOURCE_NAME
 from plugin.launch import LaunchSpec
 from tests.infra.conftest import STACKS

@@ -1,0 +1,149 @@
+"""The stack's config keys: the catalogue (one typed model of every key of the namespace;
+defaults live in Pulumi.yaml), how a user spells each key and the command that fixes it, and the
+duration keys' ranges."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr
+from pydantic.alias_generators import to_camel
+
+from infra.jobs import SAMPLES
+from plugin.core.userfiles import shown
+
+PROJECT = "lingjun-rdma"
+PROJECT_DIR = Path(__file__).resolve().parent.parent  # Pulumi.yaml, stacks/
+# Which config key holds each sample Job's image, from the catalogue.
+IMAGE_KEYS = {s.image_key: name for name, s in SAMPLES.items()}
+
+
+class StackConfigError(ValueError):
+    """Stack config the program refuses; each line names the key and the command that fixes it."""
+
+
+def qualified(name: str) -> str:
+    return f"{PROJECT}:{name}"
+
+
+def config_set(name: str, value: str) -> str:
+    return f"(pulumi config set {qualified(name)} {value})"
+
+
+def _true_or_false(value: object) -> object:
+    """Pulumi's `boolean` is the text true or false; pydantic alone would take yes, on, 1."""
+    if isinstance(value, str) and value not in ("true", "false"):
+        raise ValueError(f"{shown(value)} is not a boolean: use true or false")
+    return value
+
+
+Flag = Annotated[bool, BeforeValidator(_true_or_false)]
+
+
+class Keys(BaseModel):
+    """Every key of the `lingjun-rdma` namespace but the sample images, as typed values;
+    defaults live in Pulumi.yaml's schema."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+    region: str
+    cluster_mode: Literal["create", "existing"]
+    cluster_id: str | None = None
+    kubeconfig: SecretStr | None = None
+    kubernetes_version: str | None = None
+    zone_ids: tuple[str, ...]
+    vpc_cidr: str
+    vswitch_cidrs: tuple[str, ...]
+    service_cidr: str
+    ipv6: Flag
+    compute_network_ipv6: Flag
+    lingjun_cluster_id: str | None = None
+    lingjun_node_group_id: str | None = None
+    lingjun_machine_type: str | None = None
+    lingjun_image_id: str | None = None
+    lingjun_hpn_zone: str | None = None
+    lingjun_node_count: int
+    non_host_network: Flag
+    rdma_resource_name: str
+    rdma_max_allocations: int
+    rdma_pool_mode: Literal["shared", "exclusive"]
+    rdma_rescan_interval: int
+    namespace: str
+    plugin_image: str | None = None
+    plugin_image_build: Flag
+    acr_instance_id: str | None = None
+    registry_username: str | None = None
+    registry_password: SecretStr | None = None
+    sample_jobs: tuple[str, ...]
+    job_await_timeout: str | None = None
+    plugin_await_timeout: str
+
+    @property
+    def creates_cluster(self) -> bool:
+        return self.cluster_mode == "create"
+
+
+# A duration in one whole unit: what Pulumi's custom timeouts and activeDeadlineSeconds share.
+# A duration in one whole unit: what Pulumi's custom timeouts and activeDeadlineSeconds share.
+_DURATION = re.compile(r"^([0-9]+)(s|m|h)$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
+# The range of each duration key, in seconds: a day for one DaemonSet rollout, a week for a
+# sample Job (activeDeadlineSeconds); from 1 s, what a test of the deadline itself needs.
+DURATION_RANGES = {"pluginAwaitTimeout": (1, 86400), "jobAwaitTimeout": (1, 7 * 86400)}
+
+
+def seconds(key: str, text: str, example: str) -> tuple[int | None, list[str]]:
+    """A duration key's value in seconds, or the problem with it."""
+    low, high = DURATION_RANGES[key]
+    match = _DURATION.match(text)
+    if match is None:
+        why = f"{shown(text)} is not a duration like {example}"
+    else:  # digits bounded before int(): Python refuses over 4300 of them
+        seconds = int(match[1]) * _UNIT_SECONDS[match[2]] if len(match[1]) <= 9 else high + 1
+        if low <= seconds <= high:
+            return seconds, []
+        why = f"{shown(text)} is not within {format_seconds(low)}..{format_seconds(high)}"
+    return None, [f"{qualified(key)}: {why} {config_set(key, example)}"]
+
+
+def format_seconds(seconds: int) -> str:
+    """The largest whole unit: 86400 -> 24h, 90 -> 90s."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+LIST_KEYS = {"zoneIds", "vswitchCidrs", "sampleJobs"}
+KNOWN_KEYS = {f.alias or to_camel(n) for n, f in Keys.model_fields.items()} | set(IMAGE_KEYS)
+
+
+def known_keys() -> frozenset[str]:
+    """The keys of the namespace, as a user spells them (`rdmaPoolMode`)."""
+    return frozenset(KNOWN_KEYS)
+
+
+def unknown_key_problems(keys: Iterable[str]) -> list[str]:
+    """A line per key of the namespace that this project does not know (a misspelling)."""
+    prefix = f"{PROJECT}:"
+    unknown = sorted({k.removeprefix(prefix) for k in keys if k.startswith(prefix)} - KNOWN_KEYS)
+    named = {k: qualified(k) if len(k) <= 80 else shown(k) for k in unknown}
+    return [
+        f"{name}: unknown key: fix its spelling or remove it (pulumi config rm {name}); "
+        f"known keys: {', '.join(sorted(KNOWN_KEYS))}"
+        for name in named.values()
+    ]
+
+
+def describe(error: Any) -> str:
+    loc = error["loc"]
+    key = str(loc[0]) if loc else "(all)"
+    item = "".join(f"[{i}]" for i in loc[1:] if isinstance(i, int))  # sampleJobs[1]
+    if error["type"] == "missing":
+        return f"{qualified(key)}: required: set it {config_set(key, '<value>')}"
+    return f"{qualified(key)}{item}: {error['msg']} {config_set(key, '<value>')}"

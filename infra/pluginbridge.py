@@ -1,0 +1,77 @@
+"""The plugin's own models from the stack's keys: its config (the one pool, the network mode)
+and the DaemonSet's launch spec. The plugin decides what is legal; its refusals carry their
+field, which a table here maps to the stack key that set it."""
+
+from __future__ import annotations
+
+import math
+
+from infra.keys import Keys
+from infra.keys import config_set as _set
+from infra.keys import qualified as _key
+from plugin.config import (
+    DEFAULT_MAX_ALLOCATIONS,
+    DEFAULT_RESOURCE_NAME,
+    ConfigError,
+    PluginConfig,
+    Problem,
+    check_resource_name,
+    parse_pool,
+)
+from plugin.launch import DEFAULT_CONFIG_PATH, RESCAN_INTERVAL_RANGE, LaunchError, LaunchSpec
+
+# Which stack key holds each field of the plugin's Pool (its refusals name the field), and the
+# value its fix suggests.
+_POOL_KEYS = {"name": "rdmaResourceName", "prefix": "rdmaResourceName",
+              "maxAllocations": "rdmaMaxAllocations", "mode": "rdmaPoolMode"}  # fmt: skip
+_POOL_FIX = {
+    "rdmaResourceName": DEFAULT_RESOURCE_NAME,
+    "rdmaMaxAllocations": str(DEFAULT_MAX_ALLOCATIONS),
+    "rdmaPoolMode": "shared",
+}
+
+
+def plugin_config(k: Keys) -> tuple[PluginConfig | None, list[str]]:
+    """The plugin's own config from the stack keys: the plugin's model decides what is legal."""
+    key = "rdmaResourceName"
+    try:
+        check_resource_name(k.rdma_resource_name)
+    except ConfigError as exc:
+        return None, [f"{_key(key)}: {exc.why}: {exc.fix} {_set(key, DEFAULT_RESOURCE_NAME)}"]
+    prefix, _, name = k.rdma_resource_name.partition("/")
+    fields: dict[str, object] = {"name": name, "prefix": prefix, "mode": k.rdma_pool_mode}
+    if k.rdma_pool_mode == "shared" or k.rdma_max_allocations != DEFAULT_MAX_ALLOCATIONS:
+        fields["maxAllocations"] = k.rdma_max_allocations  # the plugin refuses it if exclusive
+    try:
+        pool = parse_pool(fields)
+    except ConfigError as exc:
+        return None, [_pool_problem(p) for p in exc.problems]
+    return PluginConfig(non_host_network=k.non_host_network, pools=(pool,)), []
+
+
+def plugin_launch(k: Keys) -> tuple[LaunchSpec | None, list[str]]:
+    """The DaemonSet's flags; the plugin's LaunchSpec decides what is legal."""
+    try:
+        # sysfs, not auto: the container has no device-cgroup grant to open the verbs devices,
+        # so auto would only import pyverbs (+5.5 MiB RSS) to fall back to sysfs
+        spec = LaunchSpec(
+            config=DEFAULT_CONFIG_PATH,
+            discovery="sysfs",
+            rescan_interval=k.rdma_rescan_interval,
+        )
+    except LaunchError:
+        key = "rdmaRescanInterval"
+        low, high = RESCAN_INTERVAL_RANGE  # the stack key is whole seconds within the plugin's
+        return None, [
+            f"{_key(key)}: must be {max(1, math.ceil(low))}-{high:g} whole seconds "
+            f"{_set(key, f'{LaunchSpec().rescan_interval:g}')}"
+        ]
+    return spec, []
+
+
+def _pool_problem(problem: Problem) -> str:
+    """A refusal of the plugin's Pool as the stack key that set the field, with the stack's own
+    fix (a pulumi config command) for the plugin file's."""
+    key = _POOL_KEYS[str(problem.loc[0])]
+    fix = f"(pulumi config rm {_key(key)})" if problem.remove else _set(key, _POOL_FIX[key])
+    return f"{_key(key)}: {problem.message} {fix}"
