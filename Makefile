@@ -38,10 +38,11 @@ lint: setup ## ruff check + ruff format --check
 typecheck: setup ## pyright strict on plugin/ and infra/ (generated stubs excluded)
 	$(VENV)/bin/pyright
 
-proto: setup ## Regenerate the committed device plugin API stubs
+PROTOS := plugin/deviceplugin/api/v1beta1/api.proto plugin/dra/api/dra/v1/api.proto \
+  plugin/dra/api/dra/v1beta1/api.proto plugin/dra/api/pluginregistration/v1/api.proto
+proto: setup ## Regenerate the committed kubelet API stubs (device plugin, DRA, plugin registration)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -I. --python_out=. \
-	  --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. \
-	  plugin/deviceplugin/api/v1beta1/api.proto
+	  --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. $(PROTOS)
 
 bench: setup ## Benchmarks: print figures (never asserted)
 	# set before grpc loads: its C core logs every GOAWAY of the kubelet-restart figure otherwise

@@ -18,3 +18,20 @@ def test_generated_device_plugin_stubs_import() -> None:
 
     assert api_pb2.DESCRIPTOR.package == "v1beta1"
     assert hasattr(api_pb2_grpc, "DevicePluginServicer")
+
+
+def test_generated_dra_stubs_speak_the_kubelets_service_names() -> None:
+    # the kubelet v0.34 dials these exact gRPC service names (its api.pb.go)
+    from plugin.dra.api.dra.v1 import api_pb2 as v1
+    from plugin.dra.api.dra.v1beta1 import api_pb2 as v1beta1
+    from plugin.dra.api.pluginregistration.v1 import api_pb2 as registration
+
+    assert v1.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == (
+        "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+    )
+    assert v1beta1.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == (
+        "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
+    )
+    assert registration.DESCRIPTOR.services_by_name["Registration"].full_name == (
+        "pluginregistration.Registration"
+    )
