@@ -25,8 +25,8 @@ import grpc
 from plugin.config import PluginConfig, Pool
 from plugin.core import pool as policy
 from plugin.core.discovery.model import CharDevices, Hca, Port
+from plugin.core.sockets import CHANNEL_OPTIONS
 from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from plugin.deviceplugin.endpoint import CHANNEL_OPTIONS
 from plugin.deviceplugin.wire import list_and_watch_response
 from plugin.launch import socket_name
 from tests.plugin.kubelet_peer import KubeletPeer

@@ -35,7 +35,7 @@ from infra.keys import config_set as _set
 from infra.keys import qualified as _key
 from infra.pluginbridge import plugin_config, plugin_launch
 from plugin.config import PluginConfig
-from plugin.core.userfiles import shown
+from plugin.core.userfiles import described
 from plugin.launch import LaunchSpec
 
 # At most the nodes of one ACK node pool (1000): a Lingjun node group holds tens; a slip like
@@ -197,7 +197,7 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
                 values[key] = json.loads(value)
             except json.JSONDecodeError:
                 problems.append(
-                    f"{_key(key)}: {shown(value)} is not a JSON list {_set(key, '[...]')}"
+                    f"{_key(key)}: not a JSON list (got {described(value)}) {_set(key, '[...]')}"
                 )
         else:
             values[key] = value
@@ -342,11 +342,10 @@ def _network(k: Keys) -> tuple[NetworkPlan | None, list[str]]:
     ):
         try:
             nets[key] = ipaddress.IPv4Network(value)
-        except ValueError as exc:
+        except ValueError:
             base = key.split("[")[0]
-            why = f" ({exc})" if len(value) <= 60 else ""  # its text quotes the value whole
             problems.append(
-                f"{_key(key)}: {shown(value)} is not an IPv4 CIDR{why} {_set(base, '…')}"
+                f"{_key(key)}: not an IPv4 CIDR (got {described(value)}) {_set(base, '…')}"
             )
     if problems:
         return None, problems
@@ -391,12 +390,12 @@ def _check_names(k: Keys) -> list[str]:
     problems: list[str] = []
     if not _REGION.fullmatch(k.region):
         problems.append(
-            f"{_key('region')}: {shown(k.region)} is not a region ID "
+            f"{_key('region')}: not a region ID (got {described(k.region)}) "
             f"{_set('region', 'cn-wulanchabu')}"
         )
     if k.kubernetes_version is not None and not _K8S_VERSION.fullmatch(k.kubernetes_version):
         problems.append(
-            f"{_key('kubernetesVersion')}: {shown(k.kubernetes_version)} is not a version as "
+            f"{_key('kubernetesVersion')}: not a version as "
             f"ACK spells it {_set('kubernetesVersion', '1.34.1-aliyun.1')}, or unset it for "
             f"ACK's default (pulumi config rm {_key('kubernetesVersion')})"
         )
@@ -412,7 +411,7 @@ def _check_names(k: Keys) -> list[str]:
     for key, value in ids.items():
         if value is not None and not _CLOUD_ID.fullmatch(value):
             problems.append(
-                f"{_key(key)}: {shown(value)} is not an Alibaba Cloud ID or name (letters, "
+                f"{_key(key)}: not an Alibaba Cloud ID or name (letters, "
                 f"digits, '.', '_', ':', '-'; at most 128) {_set(key.split('[')[0], '<id>')}"
             )
     if k.namespace in _SYSTEM_NAMESPACES:
@@ -422,7 +421,7 @@ def _check_names(k: Keys) -> list[str]:
         )
     if not _DNS_LABEL.match(k.namespace):
         problems.append(
-            f"{_key('namespace')}: {shown(k.namespace)} is not a Kubernetes namespace name "
+            f"{_key('namespace')}: not a Kubernetes namespace name "
             "(lower case letters, digits and '-', at most 63, starting and ending with a letter "
             f"or digit) {_set('namespace', 'lingjun-rdma')}"
         )
@@ -458,7 +457,7 @@ def _plugin_image(k: Keys) -> tuple[PinnedImage | BuiltImage | None, list[str]]:
         ]
     if not is_pinned(k.plugin_image):
         return None, [
-            f"{_key('pluginImage')}: {shown(k.plugin_image)} is not pinned: give a digest or a tag "
+            f"{_key('pluginImage')}: not pinned: give a digest or a tag "
             f"other than latest {_set('pluginImage', '<registry>/<repo>@sha256:<digest>')}"
         ]
     return PinnedImage(k.plugin_image), []
@@ -479,7 +478,7 @@ def _built_image(k: Keys) -> tuple[BuiltImage | None, list[str]]:
         )
     elif not re.fullmatch(r"cri-[a-z0-9]+", k.acr_instance_id):
         problems.append(
-            f"{_key('acrInstanceId')}: {shown(k.acr_instance_id)} is not an ACR Enterprise "
+            f"{_key('acrInstanceId')}: not an ACR Enterprise "
             f"Edition instance ID {_set('acrInstanceId', 'cri-<id>')}"
         )
     login = None
@@ -511,15 +510,13 @@ def _timeouts(k: Keys) -> tuple[int | None, list[str]]:
 def _samples(k: Keys, images: Mapping[str, str]) -> tuple[tuple[SampleJob, ...], list[str]]:
     samples: list[SampleJob] = []
     problems: list[str] = []
-    for name in sorted({n for n in k.sample_jobs if k.sample_jobs.count(n) > 1}):
-        problems.append(
-            f"{_key('sampleJobs')}: {shown(name)} is listed twice: list each sample once"
-        )
+    for name in sorted({n for n in k.sample_jobs if k.sample_jobs.count(n) > 1 and n in SAMPLES}):
+        problems.append(f"{_key('sampleJobs')}: {name} is listed twice: list each sample once")
     for name in dict.fromkeys(k.sample_jobs):
         sample = SAMPLES.get(name)
         if sample is None:
             problems.append(
-                f"{_key('sampleJobs')}: unknown sample {shown(name)}; choose from "
+                f"{_key('sampleJobs')}: an unknown sample ({described(name)}); choose from "
                 f"{', '.join(SAMPLES)} {_set('sampleJobs', json.dumps(list(SAMPLES)))}"
             )
         elif sample.image_key not in images:

@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -85,6 +86,8 @@ class DeployError(RuntimeError):
     """What keeps a deploy from starting: one line naming it and the fix."""
 
 
+# The most of a failed command's stderr said again (its whole stdout went by already).
+_STDERR_LINES = 40
 # `pulumi version` answers in well under a second; one that does not is not a usable CLI.
 _VERSION_TIMEOUT = 20
 
@@ -99,13 +102,7 @@ def pulumi_cli() -> auto.PulumiCommand:
             raise DeployError(f"{where}: not executable (chmod +x it), or: {INSTALL}")
         raise DeployError(f"no `pulumi` CLI on PATH: {INSTALL}")
     try:  # first with a bound: the Automation API's own check would wait forever
-        subprocess.run(
-            [found, "version"],
-            capture_output=True,
-            timeout=_VERSION_TIMEOUT,
-            check=True,
-            env={**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"},
-        )
+        _version_within(found, _VERSION_TIMEOUT)
         return auto.PulumiCommand()
     except subprocess.TimeoutExpired:
         raise DeployError(
@@ -119,6 +116,31 @@ def pulumi_cli() -> auto.PulumiCommand:
         ) from None
     except (OSError, ValueError) as exc:
         raise DeployError(f"{found}: cannot be run ({exc}): {INSTALL}") from None
+
+
+def _version_within(pulumi: str, seconds: float) -> None:
+    """`pulumi version`, in a session of its own: a hung one is killed with all it started."""
+    env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"}
+    slow = threading.Timer(1.0, say, [f"deploy: waiting for `{pulumi} version` to answer"])
+    slow.start()
+    try:
+        with subprocess.Popen(
+            [pulumi, "version"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        ) as proc:
+            try:
+                proc.communicate(timeout=seconds)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                raise
+    finally:
+        slow.cancel()
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, [pulumi, "version"])
 
 
 def check_project(project_dir: Path, stack: str) -> None:
@@ -160,8 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         say(f"deploy: {exc}")
         return 2
     except auto.CommandError as exc:
-        # the engine's own output went to stdout already; this names the failed command
-        say(f"deploy: {args.action} --stack {args.stack}: failed:\n{exc}")
+        # its stdout went by already (on_output): name the command, and show what it said on
+        # stderr, which nothing showed yet (its last lines: a failing engine can say megabytes)
+        code, _, rest = str(exc).partition("\n stdout: ")
+        stderr = rest.rpartition("\n stderr: ")[2].strip().splitlines()
+        say(f"deploy: {args.action} --stack {args.stack}: failed ({code.strip()})")
+        for line in stderr[-_STDERR_LINES:]:
+            say(line)
         return 1
     except KeyboardInterrupt:
         say(
@@ -173,12 +200,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def pass_on(signum: int) -> None:
-    """A SIGTERM reaches only this process: the `pulumi` it runs gets the SIGINT a Ctrl-C
-    would have sent it (it cancels the operation cleanly), not left running unsupervised."""
-    if signum == signal.SIGTERM:
+    """A stop signal that reached only this process (a SIGTERM, a SIGHUP, a `kill -INT`): the
+    `pulumi` it runs gets the SIGINT a Ctrl-C would have sent it (it cancels the operation
+    cleanly), not left running unsupervised. A Ctrl-C at the terminal reached it already: a
+    second one would make it stop at once, leaving the stack locked."""
+    if signum != signal.SIGINT or not _from_terminal():
         for child in children():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGINT)
+
+
+def _from_terminal() -> bool:
+    """This process group is the terminal's foreground one: a Ctrl-C went to all of it."""
+    try:
+        with open("/dev/tty") as tty:
+            return os.tcgetpgrp(tty.fileno()) == os.getpgrp()
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

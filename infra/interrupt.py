@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM in the infra commands: one line, and exit 130 or 143, wherever they land:
+"""Ctrl-C, SIGTERM and SIGHUP in the infra commands: one line, and exit 128+n, wherever they land:
 in the imports (Pulumi's SDKs are most of a short run), in the work (which unwinds, removing
 what it half wrote), in an asyncio loop (deferred to its end), or in a callback that swallows
 the exception (remembered and said at the exit). Imported first by a command run as a
@@ -13,9 +13,8 @@ from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from plugin.core.terminal import say
+from plugin.core.terminal import STOPS, exit_on_signals, say
 
-_STOPS = (signal.SIGINT, signal.SIGTERM)
 _prog = ""
 _received: int | None = None
 _deferring = False
@@ -25,13 +24,7 @@ def exit_quietly(prog: str) -> None:
     """While the program imports: a signal ends it at once (nothing to clean up yet)."""
     global _prog
     _prog = prog
-
-    def leave(signum: int, frame: object) -> None:
-        _say(signum)
-        raise SystemExit(128 + signum)
-
-    for sig in _STOPS:
-        signal.signal(sig, leave)
+    exit_on_signals(prog)
 
 
 def guard(main: Callable[[], int], *, on_signal: Callable[[int], None] | None = None) -> NoReturn:
@@ -46,7 +39,7 @@ def guard(main: Callable[[], int], *, on_signal: Callable[[int], None] | None = 
         if not _deferring:
             raise KeyboardInterrupt
 
-    for sig in _STOPS:
+    for sig in STOPS:
         signal.signal(sig, interrupt)
     hook = sys.unraisablehook
 
@@ -61,7 +54,7 @@ def guard(main: Callable[[], int], *, on_signal: Callable[[int], None] | None = 
         code = -1
     # From here on a signal changes nothing: Python puts the default handlers back while it
     # shuts down (Pulumi's threads make that take a while), and one then would kill the run.
-    for sig in _STOPS:
+    for sig in STOPS:
         signal.signal(sig, signal.SIG_IGN)
     if _received is not None and code != 128 + _received:
         _say(_received)
@@ -101,4 +94,4 @@ def children() -> list[int]:
 
 
 def _say(signum: int) -> None:
-    say(f"{_prog}: {'interrupted' if signum == signal.SIGINT else 'terminated'}")
+    say(f"{_prog}: stopped by {signal.Signals(signum).name}")

@@ -13,7 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr
 from pydantic.alias_generators import to_camel
 
 from infra.jobs import SAMPLES
-from plugin.core.userfiles import shown
+from plugin.core.userfiles import described, shown
 
 PROJECT = "lingjun-rdma"
 PROJECT_DIR = Path(__file__).resolve().parent.parent  # Pulumi.yaml, stacks/
@@ -36,7 +36,7 @@ def config_set(name: str, value: str) -> str:
 def _true_or_false(value: object) -> object:
     """Pulumi's `boolean` is the text true or false; pydantic alone would take yes, on, 1."""
     if isinstance(value, str) and value not in ("true", "false"):
-        raise ValueError(f"{shown(value)} is not a boolean: use true or false")
+        raise ValueError("not a boolean: use true or false")
     return value
 
 
@@ -102,12 +102,12 @@ def seconds(key: str, text: str, example: str) -> tuple[int | None, list[str]]:
     low, high = DURATION_RANGES[key]
     match = _DURATION.match(text)
     if match is None:
-        why = f"{shown(text)} is not a duration like {example}"
+        why = f"not a duration like {example} (got {described(text)})"
     else:  # digits bounded before int(): Python refuses over 4300 of them
         seconds = int(match[1]) * _UNIT_SECONDS[match[2]] if len(match[1]) <= 9 else high + 1
         if low <= seconds <= high:
             return seconds, []
-        why = f"{shown(text)} is not within {format_seconds(low)}..{format_seconds(high)}"
+        why = f"not within {format_seconds(low)}..{format_seconds(high)}"
     return None, [f"{qualified(key)}: {why} {config_set(key, example)}"]
 
 

@@ -5,6 +5,7 @@ field, which a table here maps to the stack key that set it."""
 from __future__ import annotations
 
 import math
+import os
 
 from infra.keys import Keys
 from infra.keys import config_set as _set
@@ -18,7 +19,15 @@ from plugin.config import (
     check_resource_name,
     parse_pool,
 )
-from plugin.launch import DEFAULT_CONFIG_PATH, RESCAN_INTERVAL_RANGE, LaunchError, LaunchSpec
+from plugin.launch import (
+    DEFAULT_CONFIG_PATH,
+    DEFAULT_DEVICE_PLUGIN_DIR,
+    MAX_UNIX_PATH,
+    RESCAN_INTERVAL_RANGE,
+    LaunchError,
+    LaunchSpec,
+    socket_name,
+)
 
 # Which stack key holds each field of the plugin's Pool (its refusals name the field), and the
 # value its fix suggests.
@@ -46,6 +55,13 @@ def plugin_config(k: Keys) -> tuple[PluginConfig | None, list[str]]:
         pool = parse_pool(fields)
     except ConfigError as exc:
         return None, [_pool_problem(p) for p in exc.problems]
+    socket = DEFAULT_DEVICE_PLUGIN_DIR / socket_name(pool.resource_name)
+    if len(os.fsencode(socket)) > MAX_UNIX_PATH:  # the plugin would refuse to start on every node
+        return None, [
+            f"{_key(key)}: its socket in the kubelet's {DEFAULT_DEVICE_PLUGIN_DIR} would be "
+            f"{len(os.fsencode(socket))} bytes, over the {MAX_UNIX_PATH}-byte limit of a unix "
+            f"socket: a shorter name {_set(key, DEFAULT_RESOURCE_NAME)}"
+        ]
     return PluginConfig(non_host_network=k.non_host_network, pools=(pool,)), []
 
 

@@ -139,8 +139,10 @@ def check_out(out: Path) -> None:
     if not entries:
         return
     written = _written(out) if MARKER in entries else {}
+    # a MARKER that lists nothing (not ours, or unreadable) is itself someone's file
+    ours: set[str] = {MARKER} if written else set()
     foreign = [
-        n for n in entries if n != MARKER and (n not in written or _digest(out / n) != written[n])
+        n for n in entries if n not in ours and (n not in written or _digest(out / n) != written[n])
     ]
     if foreign:
         shown = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
@@ -209,7 +211,7 @@ def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any
     render or the new one, never a mix. Of the old one, only the files it listed, unchanged,
     are deleted: returns where it stays when anything else appeared in it meanwhile."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging = Path(tempfile.mkdtemp(prefix=".render-", dir=out.parent))  # short: any --out fits
     umask = os.umask(0)
     os.umask(umask)
     staging.chmod(0o777 & ~umask)  # a directory like mkdir's, not mkdtemp's private one

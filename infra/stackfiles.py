@@ -45,15 +45,27 @@ def stack_config(
     config: dict[str, str] = {}
     secret_keys: list[str] = []
     for key, schema in defaults.items():
-        if isinstance(schema, dict) and "default" in schema:
-            config[_qualify(key)] = _as_config_string(schema["default"])
+        if not isinstance(schema, dict):  # `key: value`, Pulumi's shorthand for a value
+            config[_qualify(key)] = _as_config_string(schema)
+        elif "default" in schema or "value" in schema:
+            declared = cast(dict[str, Any], schema)
+            config[_qualify(key)] = _as_config_string(
+                declared.get("value", declared.get("default"))
+            )
     for key, value in values.items():
         if isinstance(value, dict) and "secure" in value:
-            # Only the Pulumi CLI can decrypt; the render shows where a secret goes, not its value.
+            if key.removeprefix(f"{PROJECT}:") not in CREDENTIAL_KEYS:
+                raise StackFileError(
+                    f"{stack_file.name}: {key} is encrypted (secure:), but only credentials are "
+                    "secrets here and only the Pulumi CLI can decrypt: store it in plain text "
+                    f"(pulumi config set {key} <value>)"
+                )
+            # the render shows where a secret goes, never its value
             config[_qualify(key)] = SECRET
             secret_keys.append(_qualify(key))
         else:
             config[_qualify(key)] = _as_config_string(value)
+    overridden: set[str] = set()
     for number, item in enumerate(overrides or [], 1):
         key, sep, value = item.partition("=")
         if not sep or not _CONFIG_KEY.fullmatch(key):
@@ -62,6 +74,9 @@ def stack_config(
                 f"--set number {number}: expected KEY=VALUE with KEY a config key (region, "
                 "or namespace:key), e.g. --set nonHostNetwork=true"
             )
+        if _qualify(key) in overridden:
+            raise StackFileError(f"--set {key}: given twice: keep one")
+        overridden.add(_qualify(key))
         config[_qualify(key)] = value
         if key.removeprefix(f"{PROJECT}:") in CREDENTIAL_KEYS and _qualify(key) not in secret_keys:
             # as `pulumi config set --secret` would store it

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast, get_args
 
-from plugin.core.userfiles import ParseError, UnreadableError, parse_yaml, read_text, shown
+from plugin.core.userfiles import (
+    ParseError,
+    UnreadableError,
+    described,
+    parse_yaml,
+    read_text,
+    shown,
+)
 
 DEFAULT_RESOURCE_NAME = "rdma/hca"
 DEFAULT_MAX_ALLOCATIONS = 1000
@@ -81,14 +88,14 @@ def check_resource_name(resource_name: str) -> None:
     prefix, sep, name = resource_name.partition("/")
     fix = "use <domain>/<name>, e.g. rdma/hca"
     if not sep or not prefix or not name:
-        why = f"{shown(resource_name)} is not <prefix>/<name>"
+        why = "not <prefix>/<name>"
     elif len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
-        why = f"prefix {shown(prefix)} is not a DNS subdomain"
+        why = "its prefix is not a DNS subdomain"
     elif prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
         why = "the kubernetes.io domain is reserved"
     elif len(name) > 63 or not _NAME_PART.match(name):
         why = (
-            f"name {shown(name)} must be 1-63 letters, digits, '-', '_' or '.', starting and "
+            "its name must be 1-63 letters, digits, '-', '_' or '.', starting and "
             "ending alphanumeric"
         )
     else:
@@ -168,19 +175,19 @@ class PluginConfig:
                 fix="lower maxAllocations",
             )
         names = [p.name for p in self.pools]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:  # unique names also keep resource names and socket names unique
-            raise ConfigError(
-                f"duplicate pool name {shown(dupes[0])}",
-                field="pools",
-                fix="give each pool its own name",
-            )
-        exclusive = [p for p in self.pools if p.mode == "exclusive"]
-        for i, a in enumerate(exclusive):
-            for b in exclusive[i + 1 :]:
-                if a.selector == b.selector:
+        for j, name in enumerate(names):  # unique names keep resource and socket names unique
+            if name in names[:j]:
+                raise ConfigError(
+                    f"pools {names.index(name)} and {j} have the same name",
+                    field="pools",
+                    fix="give each pool its own name",
+                )
+        pools = list(enumerate(self.pools))
+        for i, a in pools:
+            for j, b in pools[i + 1 :]:
+                if a.mode == b.mode == "exclusive" and a.selector == b.selector:
                     raise ConfigError(
-                        f"exclusive pools {shown(a.name)} and {shown(b.name)} select the same HCAs",
+                        f"exclusive pools {i} and {j} select the same HCAs",
                         field="pools",
                         fix="make their selectors disjoint",
                     )
@@ -266,7 +273,7 @@ class _Reader:
     def _mapping(self, data: object, loc: Loc, cls: type) -> dict[str, object] | None:
         """`data`'s keys as `cls`'s field names; unknown keys are problems."""
         if not isinstance(data, dict):
-            self._fail(loc, f"expected a mapping, got {shown(data)}")
+            self._fail(loc, f"expected a mapping, got {described(data)}")
             return None
         names = {_camel(f.name): f.name for f in fields(cls)}
         read: dict[str, object] = {}
@@ -305,7 +312,7 @@ class _Reader:
                 items = cast(list[object], raw)
                 kwargs["pools"] = tuple(self.pool(p, ("pools", i)) for i, p in enumerate(items))
             else:
-                self._fail(("pools",), f"expected a list of pools, got {shown(raw)}")
+                self._fail(("pools",), f"expected a list of pools, got {described(raw)}")
         if self.problems:
             return None
         return self._build((), lambda: PluginConfig(**kwargs))
@@ -324,7 +331,7 @@ class _Reader:
             where = (*loc, "maxAllocations")
             slots = read["max_allocations"]
             if isinstance(slots, bool) or not isinstance(slots, int):
-                self._fail(where, f"{shown(slots)} is not a whole number")
+                self._fail(where, f"not a whole number (got {described(slots)})")
             elif kwargs.get("mode") == "exclusive":
                 self._fail(
                     where,
@@ -357,23 +364,23 @@ class _Reader:
         if value is None:
             self._fail(loc, "missing", "set it")
         else:
-            self._fail(loc, f"{shown(value)} is not text")
+            self._fail(loc, f"not text (got {described(value)})")
         return None
 
     def _bool(self, value: object, loc: Loc) -> bool | None:
         if isinstance(value, bool):
             return value
-        self._fail(loc, f"{shown(value)} is not true or false")
+        self._fail(loc, f"not true or false (got {described(value)})")
         return None
 
     def _strs(self, value: object, loc: Loc) -> tuple[str, ...] | None:
         if isinstance(value, list) and all(isinstance(v, str) for v in cast(list[object], value)):
             return tuple(cast(list[str], value))
-        self._fail(loc, f"expected a list of text, got {shown(cast(object, value))}")
+        self._fail(loc, f"expected a list of text, got {described(cast(object, value))}")
         return None
 
     def _choice(self, value: object, loc: Loc, choices: tuple[str, ...]) -> str | None:
         if isinstance(value, str) and value in choices:
             return value
-        self._fail(loc, f"{shown(value)} is not one of {', '.join(choices)}")
+        self._fail(loc, f"not one of {', '.join(choices)} (got {described(value)})")
         return None

@@ -125,8 +125,16 @@ class HealthWatcher:
             self.metrics.devices.labels(resource, policy.HEALTHY).set(healthy)
             self.metrics.devices.labels(resource, policy.UNHEALTHY).set(len(view.devices) - healthy)
             self.metrics.hcas.labels(resource).set(len(view.hcas))
+        no_cm = (
+            []
+            if inventory.rdma_cm or not inventory.hcas
+            else [
+                "no rdma_cm device node (is rdma_ucm loaded?): pods get no RDMA connection manager"
+            ]
+        )
         problems = (
-            list(inventory.errors)
+            no_cm
+            + list(inventory.errors)
             + list(conflicts)
             + [p for h in inventory.hcas for p in h.problems]
         )
@@ -137,7 +145,7 @@ class HealthWatcher:
             ]
             problems += [f"{view.pool.resource_name}: {r}" for r in view.skipped]
             if not view.hcas:
-                problems.append(f"{view.pool.resource_name}: {_why_empty(inventory)}")
+                problems.append(f"{view.pool.resource_name}: {_why_empty(inventory, view)}")
         if self.config.non_host_network:
             hcas = tuple(h for v in views for h in v.hcas)
             net = non_host_network_problems(inventory, hcas)
@@ -155,11 +163,17 @@ class HealthWatcher:
             logger.info("scan (%s): %s", self.discovery.name, summary)
 
 
-def _why_empty(inventory: Inventory) -> str:
+def _why_empty(inventory: Inventory, view: policy.PoolView) -> str:
     if not inventory.hcas:
         return (
             "no RDMA device on this node (sysfs class/infiniband missing or empty: is the RDMA "
             "driver loaded?): 0 devices until one appears"
+        )
+    selected = [h.name for h in inventory.hcas if policy.selects(view.pool.selector, h)]
+    if selected:  # each went to an exclusive pool listed before this one
+        return (
+            f"every HCA it selects ({', '.join(selected)}) goes to an exclusive pool listed "
+            "before it: 0 devices; make the selectors disjoint"
         )
     names = ", ".join(h.name for h in inventory.hcas)
     return f"its selector matches none of this node's HCAs ({names}): 0 devices; fix the selector"

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -18,6 +19,23 @@ def say(line: str) -> None:
     if sys.stderr is not None:
         with contextlib.suppress(OSError):
             print(line, file=sys.stderr, flush=True)
+
+
+# The signals that ask a program to stop.
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def exit_on_signals(prog: str, before: str = "") -> None:
+    """Until a program takes them over: each stop signal ends it with one line and 128+n
+    (a signal's own default is a silent death, SIGINT's a traceback). `before` says what it
+    had not yet done, e.g. "before serving"."""
+
+    def stop(signum: int, frame: object) -> None:
+        say(f"{prog}: stopped by {signal.Signals(signum).name}" + (f" {before}" if before else ""))
+        raise SystemExit(128 + signum)
+
+    for sig in STOPS:
+        signal.signal(sig, stop)
 
 
 class Parser(argparse.ArgumentParser):
@@ -38,6 +56,18 @@ class Parser(argparse.ArgumentParser):
         except OSError as exc:
             say(f"{self.prog}: cannot write the help to stdout ({exc.strerror or exc})")
             sys.exit(1)
+
+    def error(self, message: str) -> NoReturn:
+        # argparse quotes what it did not expect: with `--set KEY VALUE` typed for KEY=VALUE,
+        # that is the value, which may be a password
+        if message.startswith("unrecognized arguments:"):
+            count = len(message.split(":", 1)[1].split())
+            message = (
+                f"{count} argument(s) it does not take (not quoted back: one may be a secret); "
+                "each flag takes its value after '=' or as the next argument, e.g. "
+                "--set KEY=VALUE"
+            )
+        super().error(message)
 
     def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         if message:

@@ -19,6 +19,7 @@ MAX_FILE_BYTES = 1 << 20
 MAX_DIGITS = 20
 
 _KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISFIFO, "a FIFO"),
     (stat.S_ISCHR, "a character device"),
@@ -54,6 +55,24 @@ def decimal(text: str) -> int | None:
 _quote = reprlib.Repr()
 _quote.maxstring = _quote.maxother = 80
 _quote.maxlist = _quote.maxtuple = _quote.maxdict = _quote.maxset = 6
+
+
+def described(value: object) -> str:
+    """What a refused value is, without quoting it: a value in the wrong place may be a secret
+    (a password typed into another key, a token file given as a config)."""
+    if isinstance(value, str):
+        if not value:
+            return "empty text"
+        return f"text of {len(value)} character{'s' if len(value) > 1 else ''}"
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "nothing"}[value]
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, list | tuple):
+        return f"a list of {len(cast(list[object], value))}"
+    if isinstance(value, dict):
+        return f"a mapping of {len(cast(dict[object, object], value))} keys"
+    return type(value).__name__
 
 
 def shown(value: object) -> str:

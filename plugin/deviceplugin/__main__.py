@@ -1,9 +1,9 @@
 import sys
 
-try:
-    from plugin.deviceplugin.cli import main
+from plugin.core.terminal import exit_on_signals
 
-    sys.exit(main())
-except KeyboardInterrupt:  # before the CLI's own handling: while Python imports it
-    print("rdma-device-plugin: interrupted before serving", file=sys.stderr)
-    sys.exit(130)
+exit_on_signals("rdma-device-plugin", "before serving")  # the import below takes a while
+
+from plugin.deviceplugin.cli import main  # noqa: E402
+
+sys.exit(main())

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from plugin.config import ConfigError, PluginConfig, load_config
 from plugin.core import instance
 from plugin.core.discovery.model import Discovery, DiscoveryError
 from plugin.core.discovery.sysfs import SysfsDiscovery
-from plugin.core.terminal import say
+from plugin.core.terminal import exit_on_signals, say
 from plugin.deviceplugin import supervisor
 from plugin.launch import MAX_UNIX_PATH, socket_name
 
@@ -30,7 +29,8 @@ def check_socket_paths(plugin_dir: Path, config: PluginConfig) -> None:
             raise ConfigError(
                 f"--device-plugin-dir {plugin_dir}: the socket {path.name} there would be "
                 f"{len(os.fsencode(path))} bytes long, over the {MAX_UNIX_PATH}-byte unix limit",
-                fix="use a shorter directory (the kubelet's is /var/lib/kubelet/device-plugins)",
+                fix="use a shorter directory (the kubelet's is /var/lib/kubelet/device-plugins) "
+                "or a shorter resource name",
             )
 
 
@@ -74,15 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         discovery.name,
         ", ".join(f"{p.resource_name} ({p.mode})" for p in config.pools),
     )
-    # Until the loop's own handlers: a hangup or an interrupt while waiting for the lock
-    # stops the wait with one line (a hangup never kills the plugin outright).
-    signal.signal(signal.SIGHUP, signal.default_int_handler)
+    # Until the loop's own handlers (a stop then removes the socket and exits 0): while waiting
+    # for the lock, or during the first scan, a stop signal is one line and 128+n.
+    exit_on_signals("rdma-device-plugin", "before serving")
     try:
         with instance.held(spec.device_plugin_dir):
             return asyncio.run(supervisor.run(spec, config, discovery))
     except instance.LockError as exc:
         say(f"rdma-device-plugin: --device-plugin-dir {exc}")
         return 2
-    except KeyboardInterrupt:  # before the loop's own SIGINT handler: waiting for the lock
-        say("rdma-device-plugin: interrupted before serving")
-        return 130

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import stat
 from collections.abc import Awaitable
 from pathlib import Path
@@ -15,7 +14,14 @@ import grpc
 from plugin.config import Pool
 from plugin.core import pool as policy
 from plugin.core.metrics import Metrics
-from plugin.core.userfiles import file_kind, why_not_writable
+from plugin.core.sockets import (
+    CHANNEL_OPTIONS,
+    bind_problem,
+    connect_error,
+    grpc_target,
+    inode,
+)
+from plugin.core.userfiles import file_kind
 from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.deviceplugin.servicer import DevicePluginServicer
 from plugin.launch import KUBELET_SOCKET, socket_name
@@ -23,16 +29,14 @@ from plugin.launch import KUBELET_SOCKET, socket_name
 logger = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
-# A fresh subchannel per channel: grpc-python otherwise shares subchannels between channels to
-# the same address, and one that failed while the kubelet restarted answers from its reconnect
-# backoff (seconds) instead of dialing the new kubelet.sock.
-CHANNEL_OPTIONS = [("grpc.default_authority", "localhost"), ("grpc.use_local_subchannel_pool", 1)]
 _BACKOFF_START, _BACKOFF_MAX = 0.1, 5.0
 # Register is synchronous in the kubelet: it dials us back (up to 10 s) before answering. The
 # connect before it gets as long: a kubelet.sock that never answers is retried with backoff.
 _REGISTER_TIMEOUT = 15.0
 # A kubelet answers a connection at once: one that has not after this long is said to be slow.
 _SLOW = 1.0
+# A ListAndWatch that lived this long was a working registration, not a kubelet bouncing us.
+_STABLE = 10.0
 
 
 class Endpoint:
@@ -56,6 +60,8 @@ class Endpoint:
         self._stream_lost = False
         self._wake = asyncio.Event()
         self._said: str | None = None  # what we last said we wait for (each reason said once)
+        self._registered_at = 0.0  # loop time of the last Register the kubelet accepted
+        self._flap_backoff = 0.0
 
     @property
     def view(self) -> policy.PoolView:
@@ -85,9 +91,7 @@ class Endpoint:
     @property
     def serving(self) -> bool:
         return (
-            self._server is not None
-            and self._inode is not None
-            and self._inode == _inode(self.path)
+            self._server is not None and self._inode is not None and self._inode == inode(self.path)
         )
 
     @property
@@ -96,7 +100,7 @@ class Endpoint:
             self.serving
             and not self._stream_lost
             and self._registered_with is not None
-            and self._registered_with == _inode(self.kubelet)
+            and self._registered_with == inode(self.kubelet)
         )
 
     async def run(self) -> None:
@@ -118,9 +122,27 @@ class Endpoint:
                     continue
                 backoff = _BACKOFF_START
             self._said = None
+            if self._stream_lost and self.serving:
+                await self._hold_off_a_flapping_kubelet()
             if not self.registered and not await self._register():
                 continue  # woken while backing off: look again at once
             await self._wake.wait()
+
+    async def _hold_off_a_flapping_kubelet(self) -> None:
+        """A kubelet that ends each ListAndWatch right after the Register gets its next Register
+        later and later (up to _BACKOFF_MAX), not thousands a minute; one whose stream lived a
+        while, or a new kubelet (kubelet.sock made again), gets it at once."""
+        lived = asyncio.get_running_loop().time() - self._registered_at
+        if lived >= _STABLE or inode(self.kubelet) != self._registered_with:  # a new kubelet
+            self._flap_backoff = 0.0
+            return
+        self._flap_backoff = min(max(self._flap_backoff * 2, _BACKOFF_START), _BACKOFF_MAX)
+        self._waiting(
+            f"the kubelet ended ListAndWatch {lived:.1f}s after the Register (under {_STABLE:.0f}s "
+            "again and again means a kubelet in trouble)",
+            self._flap_backoff,
+        )
+        await asyncio.sleep(self._flap_backoff)
 
     async def _register_unless_moot(self, target: int | None) -> bool:
         """One Register, sent only to the kubelet.sock we looked at (`target`) before we saw our
@@ -135,24 +157,34 @@ class Endpoint:
             options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
         )
         async with grpc.aio.insecure_channel(
-            f"unix://{self.kubelet}", options=CHANNEL_OPTIONS
+            grpc_target(self.kubelet), options=CHANNEL_OPTIONS
         ) as channel:
             # connected, and to `target` only if it is still the file there
-            ready = self._connected(channel)
-            if not await self._unless_moot(ready, target) or self._moot(target):
-                return False
-            call = api_pb2_grpc.RegistrationStub(channel).Register(
-                request, timeout=_REGISTER_TIMEOUT
+            slow = self._said_if_slow(f"waiting for {self.kubelet} to complete a gRPC connection")
+            try:
+                ready = self._connected(channel)
+                if not await self._unless_moot(ready, target) or self._moot(target):
+                    return False
+            finally:
+                slow.cancel()
+            slow = self._said_if_slow(
+                f"waiting for the kubelet to answer Register (it dials {self.path.name} back)"
             )
-            if not await self._unless_moot(call, target):
-                return False
+            try:
+                call = api_pb2_grpc.RegistrationStub(channel).Register(
+                    request, timeout=_REGISTER_TIMEOUT
+                )
+                if not await self._unless_moot(call, target):
+                    return False
+            finally:
+                slow.cancel()
         self._wake.set()  # whatever woke us while the call ran: the run loop looks again
         return True
 
     def _moot(self, target: int | None) -> bool:
         """Our socket is gone or kubelet.sock is no longer `target`: a registration must start
         over."""
-        if self.serving and _inode(self.kubelet) == target:
+        if self.serving and inode(self.kubelet) == target:
             return False
         logger.info(
             "%s: %s changed while registering: starting over",
@@ -190,36 +222,34 @@ class Endpoint:
     async def _connected(self, channel: grpc.aio.Channel) -> None:
         """Until `channel` to kubelet.sock is connected (TimeoutError after _REGISTER_TIMEOUT);
         at its first failure, UnreachableError saying why (grpc would otherwise retry quietly,
-        with backoff, until the timeout). A kubelet that does not answer at once is said."""
+        with backoff, until the timeout)."""
         async with asyncio.timeout(_REGISTER_TIMEOUT):
             state = channel.get_state(try_to_connect=True)
-            slow_said = False
             while state != grpc.ChannelConnectivity.READY:
                 if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-                    raise UnreachableError(_connect_error(self.kubelet))
-                try:
-                    async with asyncio.timeout(_SLOW):
-                        await channel.wait_for_state_change(state)
-                except TimeoutError:
-                    if slow_said:
-                        continue
-                    slow_said = True
-                    logger.warning(
-                        "%s: waiting for the kubelet: %s has not completed a gRPC connection "
-                        "in %.0fs (waiting up to %.0fs)",
-                        self.resource,
-                        self.kubelet,
-                        _SLOW,
-                        _REGISTER_TIMEOUT,
-                    )
+                    raise UnreachableError(connect_error(self.kubelet))
+                await channel.wait_for_state_change(state)
                 state = channel.get_state(try_to_connect=True)
+
+    def _said_if_slow(self, waiting_for: str) -> asyncio.TimerHandle:
+        """Say what we wait for if it takes longer than a kubelet ever does (cancel when done)."""
+        return asyncio.get_running_loop().call_later(
+            _SLOW,
+            lambda: logger.warning(
+                "%s: %s (%.0fs so far, waiting up to %.0fs)",
+                self.resource,
+                waiting_for,
+                _SLOW,
+                _REGISTER_TIMEOUT,
+            ),
+        )
 
     async def stop(self) -> None:
         await self._servicer.stop_streams()
         if self._server is not None:
             await self._server.stop(grace=1)
             self._server = None
-        if self._inode is not None and _inode(self.path) == self._inode:
+        if self._inode is not None and inode(self.path) == self._inode:
             self.path.unlink(missing_ok=True)
 
     async def _restart_server(self) -> None:
@@ -228,16 +258,16 @@ class Endpoint:
         if self._server is not None:
             await self._server.stop(grace=0)
         self._clear_path()
-        why = _bind_problem(self.path)
+        why = bind_problem(self.path)
         if why is not None:  # said plainly, and grpc's own error line never printed
             raise OSError(why)
         server = grpc.aio.server()
         api_pb2_grpc.add_DevicePluginServicer_to_server(self._servicer, server)
-        server.add_insecure_port(f"unix://{self.path}")
+        server.add_insecure_port(grpc_target(self.path))
         await server.start()
-        self._server, self._inode = server, _inode(self.path)
+        self._server, self._inode = server, inode(self.path)
         self._registered_with = None  # the kubelet must dial the new socket
-        async with grpc.aio.insecure_channel(f"unix://{self.path}", options=CHANNEL_OPTIONS) as ch:
+        async with grpc.aio.insecure_channel(grpc_target(self.path), options=CHANNEL_OPTIONS) as ch:
             await api_pb2_grpc.DevicePluginStub(ch).GetDevicePluginOptions(
                 api_pb2.Empty(), timeout=5
             )
@@ -269,7 +299,7 @@ class Endpoint:
         kubelet = self.kubelet
         while True:
             # kubelet.sock looked at before our socket is: see _register_unless_moot
-            target = _inode(kubelet)
+            target = inode(kubelet)
             if not self.serving:  # a kubelet starting up may delete our socket at any point
                 return False
             why = _not_a_kubelet(kubelet)
@@ -300,6 +330,7 @@ class Endpoint:
                         )
                 else:
                     self._registered_with = target
+                    self._registered_at = asyncio.get_running_loop().time()
                     self._said = None
                     self.metrics.registrations.labels(self.resource, "ok").inc()
                     logger.info("%s: registered with the kubelet", self.resource)
@@ -310,21 +341,6 @@ class Endpoint:
             if await self._sleep_unless_woken(backoff):
                 return False
             backoff = min(backoff * 2, _BACKOFF_MAX)
-
-
-def _bind_problem(path: Path) -> str | None:
-    """Why a unix socket cannot be bound at `path`, from the same bind made plainly (grpc says
-    only "Failed to bind"); None when it can."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind(str(path))
-        except OSError as exc:
-            where = why_not_writable(path.parent)
-            if where is not None:
-                return f"{path.parent} {where}"
-            return f"a socket cannot be made there ({exc.strerror})"
-    path.unlink(missing_ok=True)
-    return None
 
 
 class UnreachableError(Exception):
@@ -347,25 +363,3 @@ def _not_a_kubelet(path: Path) -> str | None:
             "the kubelet can listen there"
         )
     return None
-
-
-def _connect_error(path: Path) -> str:
-    """What a plain connect to `path` meets (non-blocking: a unix connect answers at once)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.setblocking(False)
-        try:
-            probe.connect(str(path))
-        except BlockingIOError:
-            return "has a full accept queue (the kubelet is not accepting connections)"
-        except ConnectionRefusedError:
-            return "refuses connections: no kubelet listens on it (a stopped one left it)"
-        except OSError as exc:
-            return f"cannot be connected to ({exc.strerror})"
-    return "accepts connections, but grpc's connection failed"
-
-
-def _inode(path: Path) -> int | None:
-    try:
-        return path.stat().st_ino
-    except OSError:
-        return None

@@ -32,7 +32,7 @@ from typing import get_args
 from plugin.core.discovery.model import Hca
 from plugin.core.discovery.sysfs import SysfsDiscovery
 from plugin.core.terminal import Parser, say
-from plugin.core.userfiles import file_kind, shown, why_not_writable
+from plugin.core.userfiles import described, file_kind, why_not_writable
 from plugin.launch import (
     HCAS_ENV,
     PODENV_MODULE,
@@ -88,14 +88,16 @@ def _read_hcas(sysfs_root: Path, names: list[str]) -> list[Hca]:
 # An environment variable sh can set: ASCII (str.isidentifier also takes 'é').
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # An ibdev name: what the kernel allows (no '/'), as `rdma dev` shows them.
-_IBDEV = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_IBDEV = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
-    if not sep or not _NAME.fullmatch(key):
+    if not sep:  # not quoted back: it may be a value alone, a secret one
+        raise argparse.ArgumentTypeError("expected KEY=VALUE, e.g. NCCL_IB_TC=136: it has no '='")
+    if not _NAME.fullmatch(key):
         raise argparse.ArgumentTypeError(
-            f"{shown(text)}: expected KEY=VALUE with an ASCII variable name, e.g. NCCL_IB_TC=136"
+            f"the key ({described(key)}) is not an ASCII variable name, e.g. NCCL_IB_TC"
         )
     if key in COMPUTED:
         raise argparse.ArgumentTypeError(
@@ -110,6 +112,12 @@ def _out(text: str) -> Path:
     return Path(text)
 
 
+def _sysfs(text: str) -> Path:
+    if not text:
+        raise argparse.ArgumentTypeError("empty: name where sysfs is mounted, e.g. /sys")
+    return Path(os.path.abspath(text))
+
+
 def _hca_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
     names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
     if not names:
@@ -119,13 +127,16 @@ def _hca_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
         )
     for name in names:
         if not _IBDEV.fullmatch(name) or name in (".", ".."):
-            parser.error(f"--hcas: {shown(name)} is not an RDMA device name (e.g. mlx5_0)")
+            parser.error(
+                f"--hcas: {described(name)} is not an RDMA device name: at most 64 letters, "
+                "digits, '_', '.', '-' (e.g. mlx5_0)"
+            )
     return names
 
 
 def main(argv: list[str] | None = None) -> int:
     p = Parser(f"python -m {PODENV_MODULE}", __doc__)
-    p.add_argument("--sysfs-root", type=Path, default=Path("/sys"))
+    p.add_argument("--sysfs-root", type=_sysfs, default=Path("/sys"))
     p.add_argument("--hcas", default=os.environ.get(HCAS_ENV, ""), help=f"default ${HCAS_ENV}")
     p.add_argument("--family", choices=get_args(FamilyChoice), default=PodenvSpec().family)
     p.add_argument("--set", type=_key_value, action="append", default=[], metavar="KEY=VALUE")
@@ -172,9 +183,10 @@ def write_atomically(path: Path, text: str) -> None:
     except FileNotFoundError:
         mode = stat.S_IFREG
     if not stat.S_ISREG(mode):
-        kind = "a symbolic link" if stat.S_ISLNK(mode) else file_kind(mode)
-        raise OSError(errno.EEXIST, f"is {kind}, not a regular file: name a file to write")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # a name of its own
+        raise OSError(
+            errno.EEXIST, f"is {file_kind(mode)}, not a regular file: name a file to write"
+        )
+    fd, tmp = tempfile.mkstemp(prefix=".podenv-", dir=path.parent)  # a name of its own, short
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

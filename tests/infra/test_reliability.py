@@ -151,11 +151,11 @@ LOW, HIGH = RESCAN_INTERVAL_RANGE
     [
         ("rdmaRescanInterval", "9" * 61, f"must be 1-{HIGH:g} whole seconds"),
         ("rdmaRescanInterval", "0", f"must be 1-{HIGH:g} whole seconds"),
-        ("jobAwaitTimeout", "99999999999999999h", "is not within"),
-        ("jobAwaitTimeout", "9" * 5000 + "s", "is not within"),
-        ("jobAwaitTimeout", "0s", "is not within"),
-        ("jobAwaitTimeout", "169h", "is not within"),
-        ("pluginAwaitTimeout", "25h", "is not within"),
+        ("jobAwaitTimeout", "99999999999999999h", "not within 1s..168h"),
+        ("jobAwaitTimeout", "9" * 5000 + "s", "not within 1s..168h"),
+        ("jobAwaitTimeout", "0s", "not within 1s..168h"),
+        ("jobAwaitTimeout", "169h", "not within 1s..168h"),
+        ("pluginAwaitTimeout", "25h", "not within 1s..24h"),
         ("lingjunNodeCount", "1001", "is not 0..1000"),
         ("rdmaMaxAllocations", "100001", "is not within 1-100000"),
         ("rdmaMaxAllocations", "9" * 5000, "rdmaMaxAllocations"),
@@ -330,7 +330,7 @@ def test_ctrl_c_during_a_render_is_one_line_and_leaves_no_half_render(
     if proc.returncode == 0:  # it finished first: nothing to see
         return
     assert proc.returncode == 130, stderr
-    assert stderr.splitlines() == ["render: interrupted"]
+    assert stderr.splitlines() == ["render: stopped by SIGINT"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")] == []
 
 
@@ -417,11 +417,11 @@ def test_a_server_url_with_a_query_needs_secret() -> None:
 @pytest.mark.parametrize(
     ("override", "said"),
     [
-        ('sampleJobs=["perftest","perftest"]', "'perftest' is listed twice"),
+        ('sampleJobs=["perftest","perftest"]', "sampleJobs: perftest is listed twice"),
         ("namespace=kube-system", "kube-system is the cluster's own"),
         ("pluginImage=UPPER/x:1", "not an image reference"),
-        ("region=not a region", "is not a region ID"),
-        ("kubernetesVersion=banana", "is not a version as ACK spells it"),
+        ("region=not a region", "region: not a region ID (got text of 12 characters)"),
+        ("kubernetesVersion=banana", "kubernetesVersion: not a version as ACK spells it"),
     ],
 )
 def test_values_a_cloud_or_cluster_would_refuse_later_are_refused_at_once(
@@ -472,7 +472,8 @@ def test_deploy_with_a_pulumi_that_never_answers_says_so(tmp_path: Path) -> None
     done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path)
 
     assert done.returncode == 2
-    (line,) = done.stderr.splitlines()
+    waiting, line = done.stderr.splitlines()
+    assert waiting == f"deploy: waiting for `{path.split(':')[0]}/pulumi version` to answer"
     assert "`pulumi version` did not answer within" in line
 
 
@@ -533,7 +534,7 @@ def test_a_sigterm_during_a_render_leaves_nothing_half_written(tmp_path: Path) -
         assert proc.returncode in (0, 143), stderr
         assert "Traceback" not in stderr
         if proc.returncode == 143:
-            assert stderr.splitlines() == ["render: terminated"]
+            assert stderr.splitlines() == ["render: stopped by SIGTERM"]
             # none, or a whole one (the signal came after the swap): never a part
             assert not out.exists() or (out / MARKER).is_file()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
@@ -576,7 +577,7 @@ def test_a_pulumi_yaml_of_another_project_is_refused(tmp_path: Path) -> None:
     ("override", "said"),
     [
         ("registryUsername=robot", "lingjun-rdma:registryUsername: only used with"),
-        ("lingjunMachineType=efg2\nrm", "lingjunMachineType: 'efg2\\nrm' is not an Alibaba Cloud"),
+        ("lingjunMachineType=efg2\nrm", "lingjunMachineType: not an Alibaba Cloud ID or name"),
         ("lingjunImageId=" + "i" * 200, "lingjunImageId: "),
         ("sampleJobs=[1,2]", "lingjun-rdma:sampleJobs[1]: Input should be a valid string"),
         (f"ncclTestsImage=u:{SENTINEL}@registry.example.com/n:1", "ncclTestsImage: not an image"),
@@ -616,7 +617,7 @@ def test_deploy_says_what_it_waits_for_before_the_engine_answers(tmp_path: Path)
 
     assert first.startswith(f"deploy: preview of stack local with {tmp_path / 'bin' / 'pulumi'}")
     assert proc.returncode == 143, stderr
-    assert stderr.splitlines()[-1] == "deploy: terminated"
+    assert stderr.splitlines()[-1] == "deploy: stopped by SIGTERM"
 
 
 @pytest.mark.parametrize("kubeconfig", ["not: [valid", f"{SENTINEL}-just-a-string"])
@@ -628,4 +629,93 @@ def test_a_kubeconfig_given_as_a_secret_must_still_be_one(tmp_path: Path, kubeco
 
     assert done.returncode == 1
     assert "lingjun-rdma:kubeconfig: not " in done.stderr
+    assert SENTINEL not in done.stderr
+
+
+def test_an_encrypted_value_of_a_key_that_is_no_credential_is_refused(tmp_path: Path) -> None:
+    project = _project_copy(tmp_path, "config:\n  lingjun-rdma:region:\n    secure: AAABAxyz\n")
+
+    with pytest.raises(StackFileError, match=r"lingjun-rdma:region is encrypted \(secure:\), but "):
+        stack_config("x", project_dir=project)
+
+
+def test_an_encrypted_credential_is_taken_as_a_secret_without_its_value(tmp_path: Path) -> None:
+    project = _project_copy(
+        tmp_path,
+        "config:\n  lingjun-rdma:clusterMode: existing\n"
+        f"  lingjun-rdma:kubeconfig:\n    secure: {SENTINEL}\n",
+    )
+
+    config, secrets = stack_config("x", project_dir=project)
+
+    assert secrets == [f"{PROJECT}:kubeconfig"]
+    assert SENTINEL not in json.dumps(config)
+
+
+def test_a_key_set_twice_on_the_command_line_is_refused(tmp_path: Path) -> None:
+    twice = ("--set=nonHostNetwork=true", "--set=nonHostNetwork=false")
+    done = _cli("infra.render", "--stack", "dev", "--out", "out", *twice, cwd=tmp_path)
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1].endswith("--set nonHostNetwork: given twice: keep one")
+
+
+def test_pulumi_yaml_values_in_shorthand_and_as_value_are_read(tmp_path: Path) -> None:
+    project = _project_copy(tmp_path, "config: {}\n")
+    declared = (
+        "  namespace:\n    type: string\n    default: lingjun-rdma\n"
+        "    description: namespace of the device plugin and the sample Jobs\n"
+    )
+    pulumi_yaml = (project / "Pulumi.yaml").read_text()
+    assert declared in pulumi_yaml
+    (project / "Pulumi.yaml").write_text(pulumi_yaml.replace(declared, "  namespace: rdma-a\n"))
+    shorthand, _ = stack_config("x", project_dir=project)
+    (project / "Pulumi.yaml").write_text(
+        pulumi_yaml.replace(declared, "  namespace:\n    type: string\n    value: rdma-b\n")
+    )
+    valued, _ = stack_config("x", project_dir=project)
+
+    assert shorthand[f"{PROJECT}:namespace"] == "rdma-a"
+    assert valued[f"{PROJECT}:namespace"] == "rdma-b"
+
+
+def test_a_resource_name_whose_socket_path_is_too_long_is_refused_before_planning(
+    tmp_path: Path,
+) -> None:
+    name = "rdma." + "d" * 50 + ".example.com/hca"  # valid, but its socket path is 124 bytes
+
+    done = _cli("infra.render", "--stack", "dev", "--out", "out",
+                f"--set=rdmaResourceName={name}", cwd=tmp_path)  # fmt: skip
+
+    assert done.returncode == 1, done.stderr
+    assert "over the 105-byte limit of a unix socket" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failing_engine_command_is_named_with_its_code_and_last_stderr_lines(
+    tmp_path: Path,
+) -> None:
+    script = (
+        "#!/bin/sh\n"
+        'if [ "$1" = version ]; then echo v3.277.0; exit 0; fi\n'
+        'for i in $(seq 1 100); do echo "engine line $i" >&2; done\nexit 7\n'
+    )
+    path = _fake_pulumi(tmp_path / "bin", script)
+
+    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path)
+
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert "Traceback" not in done.stderr
+    assert lines[0] == "deploy: preview --stack local: failed (code: 7)", lines
+    assert lines[-1] == "engine line 100"
+    assert "engine line 60" not in lines
+
+
+def test_unrecognized_arguments_are_refused_without_being_echoed(tmp_path: Path) -> None:
+    done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--password={SENTINEL}",
+                cwd=tmp_path)  # fmt: skip
+
+    assert done.returncode == 2
+    assert "1 argument(s) it does not take (not quoted back" in done.stderr
     assert SENTINEL not in done.stderr

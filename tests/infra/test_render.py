@@ -193,7 +193,7 @@ def test_a_render_without_the_list_of_what_it_wrote_is_refused_not_deleted(
     (old / "plan.md").write_text("# Plan: stack `dev` (offline render, Pulumi mocks)\n")
     (old / MARKER).write_text("written by python -m infra.render --stack dev\n")
 
-    with pytest.raises(OutputError, match=r"did not write, or changed since \(plan.md\)"):
+    with pytest.raises(OutputError, match=r"or changed since \(\.lingjun-render, plan\.md\)"):
         render("dev", old)
 
     assert sorted(p.name for p in old.iterdir()) == [MARKER, "plan.md"]

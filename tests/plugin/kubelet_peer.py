@@ -14,8 +14,8 @@ from pathlib import Path
 
 import grpc
 
+from plugin.core.sockets import CHANNEL_OPTIONS, grpc_target
 from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from plugin.deviceplugin.endpoint import CHANNEL_OPTIONS
 
 # like the Go kubelet: no subchannel shared between channels
 OPTIONS = CHANNEL_OPTIONS
@@ -56,7 +56,7 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
         if self.on_register is not None:
             self.on_register(request)
         channel = grpc.aio.insecure_channel(
-            f"unix://{self.dir / request.endpoint}", options=OPTIONS
+            grpc_target(self.dir / request.endpoint), options=OPTIONS
         )
         stub = api_pb2_grpc.DevicePluginStub(channel)
         try:  # synchronous, as in kubelet 1.34: a plugin that does not answer fails Register;
@@ -94,7 +94,7 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
     async def start(self) -> None:
         server = grpc.aio.server()
         api_pb2_grpc.add_RegistrationServicer_to_server(self, server)
-        server.add_insecure_port(f"unix://{self.dir / 'kubelet.sock'}")
+        server.add_insecure_port(grpc_target(self.dir / "kubelet.sock"))
         await server.start()
         self._server = server
 

@@ -66,6 +66,7 @@ class Hca:
     ports: tuple[Port, ...]
     chardevs: CharDevices
     problems: tuple[str, ...] = ()  # why something expected is missing, for logs and errors
+    readable: bool = True  # False: its sysfs entry could not be read at all
 
     @property
     def netdevs(self) -> tuple[str, ...]:
@@ -77,6 +78,8 @@ class Hca:
 
     def unhealthy_reason(self) -> str | None:
         """None when a pod could use this HCA now; else why not."""
+        if not self.readable:
+            return f"{self.name}: cannot be read from sysfs"
         if self.chardevs.uverbs is None:
             return f"{self.name}: no uverbs device node"
         return self.inactive_reason()

@@ -71,18 +71,22 @@ class SysfsDiscovery:
         IDs go Unhealthy); the other HCAs are read and served as usual."""
         try:
             return self.read_hca(name, verbs, mads)
-        except Exception as exc:  # any fault of this HCA's files stays this HCA's
+        except OSError as exc:  # its files: said in one line (with the HCA's problems)
+            why = str(exc)
+        except Exception as exc:  # a fault of ours: the traceback is for us
             logger.exception("%s: cannot be read", name)
-            return Hca(
-                name=name,
-                vendor="",
-                device_id="",
-                driver="",
-                numa_node=None,
-                ports=(),
-                chardevs=CharDevices(),
-                problems=(f"{name}: cannot be read from sysfs ({exc!r}): it is not served",),
-            )
+            why = repr(exc)
+        return Hca(
+            name=name,
+            vendor="",
+            device_id="",
+            driver="",
+            numa_node=None,
+            ports=(),
+            chardevs=CharDevices(),
+            problems=(f"{name}: cannot be read from sysfs ({why}): it is not served",),
+            readable=False,
+        )
 
     def read_hca(
         self, name: str, verbs: dict[str, list[str]], mads: dict[str, list[str]]
@@ -164,15 +168,15 @@ class SysfsDiscovery:
         parent: str | None,
         problems: list[str],
     ) -> Port:
-        gids = tuple(_read_gids(base)) if self.gids else ()
+        gids = tuple(_read_gids(base, problems)) if self.gids else ()
         if parent is not None:
             netdevs = (parent,)
         else:  # a PCI function's netdevs carry dev_port = port number - 1 (absent: single port)
             netdevs = tuple(
                 n for n, dev_port in pci_netdevs.items() if dev_port in (None, number - 1)
             )
-        state = read(base / "state")
-        link_layer = read(base / "link_layer")
+        state = read(base / "state") or None  # an empty file says no more than a missing one
+        link_layer = read(base / "link_layer") or None
         if state is None or link_layer is None:
             # a port this scan cannot read is not Healthy (never the last state it had)
             unread = [
@@ -180,7 +184,7 @@ class SysfsDiscovery:
                 for f, v in ((base / "state", state), (base / "link_layer", link_layer))
                 if v is None
             ]
-            problems.append(f"{base}: {' and '.join(unread)} cannot be read as text")
+            problems.append(f"{base}: {' and '.join(unread)} empty or not readable as text")
             return Port(number, UNREADABLE, link_layer or "unknown", netdevs, gids)
         return Port(
             number=number,
@@ -191,9 +195,9 @@ class SysfsDiscovery:
         )
 
 
-def _read_gids(port: Path) -> list[Gid]:
+def _read_gids(port: Path, problems: list[str]) -> list[Gid]:
     gids: list[Gid] = []
-    for index in _numbered(port / "gids", []):
+    for index in _numbered(port / "gids", problems):
         text = read(port / "gids" / index)
         if text is None:
             continue

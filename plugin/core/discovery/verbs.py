@@ -49,14 +49,20 @@ class VerbsDiscovery:
         try:
             return [d.name.decode() for d in verbs.get_device_list()]
         except PyverbsError as exc:  # raised (not []) when /sys/class/infiniband_verbs is absent
-            raise DiscoveryError(f"libibverbs finds no RDMA devices: {exc}") from exc
+            raise DiscoveryError(
+                f"libibverbs finds no RDMA devices ({exc}); it reads the kernel's own /sys, "
+                "whatever --sysfs-root says"
+            ) from exc
 
     def check_usable(self) -> None:
         """Raise DiscoveryError unless a device can be opened here: in a container without the
         device cgroup grant (the DaemonSet's case) libibverbs lists devices it cannot open."""
         names = self.device_names()
         if not names:
-            raise DiscoveryError("libibverbs lists no RDMA device")
+            raise DiscoveryError(
+                "libibverbs lists no RDMA device (it reads the kernel's own /sys, whatever "
+                "--sysfs-root says)"
+            )
         try:
             with verbs.Context(name=names[0]):
                 pass

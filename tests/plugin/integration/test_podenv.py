@@ -277,11 +277,13 @@ def _podenv_here(
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (("--hcas", "../../etc"), "--hcas: '../../etc' is not an RDMA device name"),
+        (("--hcas", "../../etc"),
+         "--hcas: text of 9 characters is not an RDMA device name: at most 64"),
         (("--hcas", "mlx5_0", "--set", "NCCL_IB_GID_INDEX=0"),
          "NCCL_IB_GID_INDEX: podenv computes it for this pod"),
         (("--hcas", "mlx5_0", "--set", "A=1", "--set", "A=2"), "--set A: given twice: keep one"),
-        (("--hcas", "mlx5_0", "--set", "é=1"), "expected KEY=VALUE with an ASCII variable name"),
+        (("--hcas", "mlx5_0", "--set", "é=1"),
+         "--set: the key (text of 1 character) is not an ASCII variable name"),
         (("--hcas", "mlx5_0", "--out", ""), "--out: empty: name a file, or omit --out"),
         (("--hcas", "mlx5_0", "--sysfs-root", "/nonexistent"),
          "/nonexistent/class does not exist: --sysfs-root must name where sysfs"),

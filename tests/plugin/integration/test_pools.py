@@ -187,7 +187,7 @@ async def test_a_shared_id_leaves_out_an_hca_whose_port_cannot_be_read_and_says_
     (answer,) = response.container_responses
     assert answer.envs["LINGJUN_RDMA_HCAS"] == "mlx5_0"
     assert not [d for d in answer.devices if d.host_path.endswith(("uverbs1", "umad1"))]
-    assert f"{tree.port_dir('mlx5_1')}: state cannot be read as text" in plugin.output()
+    assert f"{tree.port_dir('mlx5_1')}: state empty or not readable as text" in plugin.output()
     assert "\nrdma_plugin_problems 2.0\n" in await _metrics(plugin.metrics_port)
 
 
@@ -310,3 +310,46 @@ async def test_allocate_refuses_an_id_given_twice(
 
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "a device ID is given twice" in (caught.value.details() or "")
+
+
+async def test_a_pool_left_empty_by_an_exclusive_pool_before_it_says_so(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    config = (
+        "pools:\n"
+        "  - {name: whole, mode: exclusive, selector: {vendors: ['15b3']}}\n"
+        "  - {name: hca, selector: {vendors: ['15b3']}}\n"
+    )
+    await plugin.start(plugin.write_config(config))
+    await kubelet.wait_registrations(1, "rdma/whole")
+    await kubelet.wait_registrations(1)
+
+    assert kubelet.devices() == []
+    assert (
+        "rdma/hca: every HCA it selects (mlx5_0, mlx5_1) goes to an exclusive pool listed before "
+        "it: 0 devices; make the selectors disjoint" in plugin.output()
+    )
+
+
+async def test_a_node_without_rdma_cm_is_a_problem_and_still_serves_verbs(
+    kubelet: KubeletPeer, short_tmp: Path, plugin_dir: Path
+) -> None:
+    tree = SysfsTree(short_tmp / "nocm")  # HCAs, but rdma_ucm not loaded
+    tree.add_pci_hca("mlx5_0", pci="0000:3b:00.0")
+    node = PluginProcess(short_tmp, plugin_dir, sysfs=tree.sys, dev=tree.dev)
+    await node.start()
+    try:
+        reg = await kubelet.wait_registrations(1)
+        (device, *_) = kubelet.devices()
+        response = await reg.stub.Allocate(
+            api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[device.ID])]
+            )
+        )
+
+        (answer,) = response.container_responses
+        assert Path(answer.devices[0].host_path).name == "uverbs0"
+        assert "no rdma_cm device node (is rdma_ucm loaded?)" in node.output()
+        assert "\nrdma_plugin_problems 1.0\n" in await _metrics(node.metrics_port)
+    finally:
+        await node.terminate()

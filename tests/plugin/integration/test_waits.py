@@ -5,7 +5,9 @@ cannot hold a socket, another instance holding the dir."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import re
 import signal
 import socket
 from collections.abc import Callable
@@ -59,7 +61,7 @@ def _stale_socket(path: Path) -> None:
         (_regular_file, "is a regular file, not a socket: something else made it; remove it"),
         (_directory, "is a directory, not a socket"),
         (_dangling_symlink, "is a dangling symlink: remove it"),
-        (_stale_socket, "refuses connections: no kubelet listens on it"),
+        (_stale_socket, "refuses connections: nothing listens on it"),
     ],
     ids=["regular-file", "directory", "dangling-symlink", "stale-socket"],
 )
@@ -170,7 +172,7 @@ async def test_ctrl_c_on_an_instance_waiting_for_the_lock_is_one_line(
         assert await second.terminate(signal.SIGINT) == 130
         output = second.output()
         assert "Traceback" not in output
-        assert output.rstrip().endswith("rdma-device-plugin: interrupted before serving")
+        assert output.rstrip().endswith("rdma-device-plugin: stopped by SIGINT before serving")
     finally:
         await second.close()
 
@@ -245,8 +247,8 @@ async def test_a_hangup_while_waiting_for_the_lock_is_one_line(
     try:
         await second.said("waiting for it to stop")
 
-        assert await second.terminate(signal.SIGHUP) == 130
-        assert second.output().rstrip().endswith("interrupted before serving")
+        assert await second.terminate(signal.SIGHUP) == 129
+        assert second.output().rstrip().endswith("stopped by SIGHUP before serving")
     finally:
         await second.close()
 
@@ -269,6 +271,7 @@ async def test_a_kubelet_that_never_answers_register_is_said_as_hung(
     try:
         await plugin.start()
 
+        await plugin.said("waiting for the kubelet to answer Register", limit=AT_ONCE)
         await plugin.said("the kubelet did not answer Register within 15s (a hung kubelet?)", 30)
     finally:
         await server.stop(0)
@@ -282,7 +285,7 @@ async def test_a_kubelet_sock_that_accepts_but_never_speaks_is_said_at_once(
         mute.listen(16)
         await plugin.start()
 
-        await plugin.said("has not completed a gRPC connection in 1s", limit=AT_ONCE)
+        await plugin.said("to complete a gRPC connection (1s so far", limit=AT_ONCE)
 
 
 async def test_a_config_that_becomes_unreadable_while_running_is_a_warning_not_a_stop(
@@ -300,3 +303,64 @@ async def test_a_config_that_becomes_unreadable_while_running_is_a_warning_not_a
 
     await plugin.said("config on disk changed and is invalid", limit=15)
     assert plugin.running()
+
+
+class _BouncingKubelet(KubeletPeer):
+    """A kubelet in trouble: it accepts each Register, then ends the ListAndWatch at once."""
+
+    async def _watch(self, reg: Any) -> None:
+        reg.stream = reg.stub.ListAndWatch(api_pb2.Empty())
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+            async for response in reg.stream:
+                reg.updates.append((0.0, list(response.devices)))
+                reg.stream.cancel()
+        await self._notify()
+
+
+async def test_a_kubelet_that_ends_each_stream_at_once_gets_registers_later_and_later(
+    plugin: PluginProcess, plugin_dir: Path
+) -> None:
+    bouncing = _BouncingKubelet(plugin_dir)
+    await bouncing.start()
+    try:
+        await plugin.start()
+        await bouncing.wait_registrations(5, limit=30)
+
+        holds = re.findall(
+            r"the kubelet ended ListAndWatch [0-9.]+s after the Register .*; looking again in "
+            r"([0-9.]+)s",
+            plugin.output(),
+        )
+        assert [float(h) for h in holds[:4]] == [0.1, 0.2, 0.4, 0.8], plugin.output()
+    finally:
+        await bouncing.stop()
+
+
+async def test_a_kubelet_restarted_after_a_long_stream_is_registered_with_at_once(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+
+    await kubelet.restart()  # kubelet.sock made again: a new kubelet, no hold-off
+    await kubelet.wait_registrations(2)
+
+    assert "ended ListAndWatch" not in plugin.output()
+
+
+async def test_a_device_plugins_dir_with_percent_and_space_in_its_name_is_served(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    odd = short_tmp / "dp%41 x"  # grpc percent-decodes its unix addresses: %41 would be "A"
+    odd.mkdir()
+    peer = KubeletPeer(odd)
+    await peer.start()
+    plugin = PluginProcess(short_tmp, odd, sysfs=tree.sys, dev=tree.dev)
+    try:
+        await plugin.start()
+
+        await peer.wait_registrations(1)
+        assert (odd / SOCKET).is_socket()
+    finally:
+        await plugin.close()
+        await peer.stop()

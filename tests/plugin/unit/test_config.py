@@ -38,16 +38,20 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
         ({"pool": []}, "pool: unknown key: remove it or fix its spelling"),
         (
             {"pools": [{"name": "a", "maxAllocations": "many"}]},
-            "pools[0].maxAllocations: 'many' is not a whole number: fix this value",
+            "pools[0].maxAllocations: not a whole number (got text of 4 characters): fix this "
+            "value",
         ),
         (
             {"pools": [{"name": "a", "maxAllocations": 0}]},
             "pools[0].maxAllocations: 0 is not within 1-100000: fix this value",
         ),
-        ({"pools": [{"name": "a"}, {"name": "a", "prefix": "x.io"}]}, "duplicate pool name 'a'"),
+        (
+            {"pools": [{"name": "a"}, {"name": "a", "prefix": "x.io"}]},
+            "pools 0 and 1 have the same name",
+        ),
         (
             {"pools": [{"name": "hca"}, {"name": "hca", "prefix": "rdma"}]},
-            "duplicate pool name 'hca'",
+            "pools: pools 0 and 1 have the same name: give each pool its own name",
         ),
         (
             {"pools": [{"name": "a", "prefix": "kubernetes.io"}]},
@@ -55,9 +59,9 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
         ),
         (
             {"pools": [{"name": "a", "prefix": "Bad_Domain"}]},
-            "prefix 'Bad_Domain' is not a DNS subdomain",
+            "pools[0].name: its prefix is not a DNS subdomain: use <domain>/<name>",
         ),
-        ({"pools": [{"name": "-a"}]}, "name '-a' must be 1-63 letters"),
+        ({"pools": [{"name": "-a"}]}, "pools[0].name: its name must be 1-63 letters"),
         (
             {"pools": [{"name": "a" * 60}]},
             "pools[0].name: device IDs would be 64 characters (max 63): shorten the pool name",
@@ -68,11 +72,12 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
         ),
         (
             {"pools": [{"name": "a", "mode": "exclusive"}, {"name": "b", "mode": "exclusive"}]},
-            "exclusive pools 'a' and 'b' select the same HCAs",
+            "pools: exclusive pools 0 and 1 select the same HCAs: make their selectors disjoint",
         ),
         (
             {"pools": [{"name": "a", "selector": {"linkLayers": ["RoCE"]}}]},
-            "pools[0].selector.linkLayers[0]: 'RoCE' is not one of Ethernet, InfiniBand",
+            "pools[0].selector.linkLayers[0]: not one of Ethernet, InfiniBand (got text of 4 "
+            "characters)",
         ),
         ({"pools": []}, "no pool: list at least one"),
         ({"pools": [{"mode": "shared"}]}, "pools[0].name: missing: set it"),
@@ -80,13 +85,13 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
             {"pools": [{"name": "a", "max_allocations": 5}]},
             "pools[0].max_allocations: unknown key: the file spells it maxAllocations",
         ),
-        ({"pools": [{"name": "a", "maxAllocations": "10"}]}, "'10' is not a whole number"),
-        ({"pools": ["hca"]}, "pools[0]: expected a mapping, got 'hca'"),
+        ({"pools": [{"name": "a", "maxAllocations": "10"}]}, "not a whole number (got text of 2"),
+        ({"pools": ["hca"]}, "pools[0]: expected a mapping, got text of 3 characters"),
         ({"pools": {"name": "hca"}}, "pools: expected a list of pools"),
         ("pools: []", "(top level): expected a mapping"),
         ({"pools": [{"name": "a", "selector": {"ibdevs": "mlx5_*"}}]}, "expected a list of text"),
-        ({"version": "v2"}, "version: 'v2' is not one of v1: fix this value"),
-        ({"nonHostNetwork": "sometimes"}, "nonHostNetwork: 'sometimes' is not true or false"),
+        ({"version": "v2"}, "version: not one of v1 (got text of 2 characters): fix this value"),
+        ({"nonHostNetwork": "sometimes"}, "nonHostNetwork: not true or false (got text of 9"),
     ],
 )
 def test_bad_config_names_the_field(data: object, message: str) -> None:
@@ -104,16 +109,16 @@ def test_every_problem_is_reported_at_once_with_its_location() -> None:
         parse_config(data, "plugin.yaml")
 
     assert [str(p) for p in err.value.problems] == [
-        "nonHostNetwork: 1 is not true or false: fix this value",
+        "nonHostNetwork: not true or false (got a number): fix this value",
         "pools[0].selectr: unknown key: remove it or fix its spelling",
-        "pools[0].mode: 'both' is not one of shared, exclusive: fix this value",
+        "pools[0].mode: not one of shared, exclusive (got text of 4 characters): fix this value",
     ]
 
 
 def test_a_pool_built_in_code_is_checked_like_one_read_from_a_file() -> None:
     with pytest.raises(ConfigError, match="device IDs would be 64 characters"):
         Pool(name="a" * 60)
-    with pytest.raises(ConfigError, match="duplicate pool name 'a'"):
+    with pytest.raises(ConfigError, match="pools 0 and 1 have the same name"):
         PluginConfig(pools=(Pool(name="a"), Pool(name="a", prefix="b.io")))
 
 
@@ -159,3 +164,11 @@ def test_invalid_yaml_is_reported(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(path, explicit=True)
+
+
+def test_a_file_of_credentials_given_as_the_config_is_not_quoted_back() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config("ghp_s3cr3tTOKEN", "token.txt")
+
+    assert "s3cr3t" not in str(err.value)
+    assert "(top level): expected a mapping, got text of 15 characters" in str(err.value)

@@ -204,28 +204,44 @@ def test_an_hca_whose_ports_are_not_a_directory_has_none_and_the_others_are_serv
 
 
 class _OneHcaFails(SysfsDiscovery):
-    """A reader fault of one HCA that no file here can provoke: a bug to come, say."""
+    """A fault of one HCA that no file here can provoke: an I/O error of the kernel's (EIO from
+    a driver in trouble) or a reader bug to come."""
+
+    fault: Exception = RuntimeError("a reader bug")
 
     def read_hca(
         self, name: str, verbs: dict[str, list[str]], mads: dict[str, list[str]]
     ) -> Hca | None:
         if name == "mlx5_0":
-            raise RuntimeError("a reader bug")
+            raise self.fault
         return super().read_hca(name, verbs, mads)
 
 
-def test_an_hca_whose_reading_fails_is_reported_unhealthy_and_the_others_are_served(
+@pytest.mark.parametrize(
+    ("fault", "said", "traceback"),
+    [
+        (RuntimeError("a reader bug"), "(RuntimeError('a reader bug'))", True),
+        (OSError(5, "Input/output error"), "([Errno 5] Input/output error)", False),
+    ],
+    ids=["bug", "eio"],
+)
+def test_an_hca_whose_reading_fails_is_reported_unreadable_and_the_others_are_served(
     tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    fault: Exception,
+    said: str,
+    traceback: bool,
 ) -> None:
     tree = two_mlx5(tmp_path)
+    discovery = _OneHcaFails(tree.sys, tree.dev)
+    discovery.fault = fault
 
-    hcas = {h.name: h for h in _OneHcaFails(tree.sys, tree.dev).scan().hcas}
+    hcas = {h.name: h for h in discovery.scan().hcas}
 
+    assert not hcas["mlx5_0"].readable
     assert hcas["mlx5_0"].unhealthy_reason() is not None
-    assert (
-        "mlx5_0: cannot be read from sysfs (RuntimeError('a reader bug'))"
-        in (hcas["mlx5_0"].problems[0])
-    )
+    assert f"mlx5_0: cannot be read from sysfs {said}" in hcas["mlx5_0"].problems[0]
+    assert any(r.exc_info for r in caplog.records) == traceback
     assert hcas["mlx5_1"].unhealthy_reason() is None
 
 
