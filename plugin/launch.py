@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 
 from plugin.core.terminal import Parser
 from plugin.core.userfiles import decimal
 
 # The programs, each run as `python -m MODULE`.
 DEVICE_PLUGIN_MODULE = "plugin.deviceplugin"
+DRA_MODULE = "plugin.dra"
 PODENV_MODULE = "plugin.podenv"
 
 # Paths and ports the DaemonSet and the device plugin agree on.
@@ -32,6 +34,32 @@ MAX_UNIX_PATH = 105
 
 # The container env that names the HCAs an allocation gave; podenv reads it.
 HCAS_ENV = "LINGJUN_RDMA_HCAS"
+
+# The DRA driver: its name (the resource.k8s.io driver, and the CDI vendor), the kubelet's dirs
+# it registers and serves in, the runtime's CDI dir, its metrics port (beside the device
+# plugin's on a node that runs both while migrating).
+DRA_DRIVER = "rdma.lingjun-rdma.io"
+DEFAULT_PLUGINS_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+DEFAULT_CDI_DIR = Path("/var/run/cdi")
+DEFAULT_DRA_METRICS_PORT = 9461
+# The env var the DaemonSet sets from spec.nodeName (the downward API).
+NODE_NAME_ENV = "NODE_NAME"
+
+
+def cdi_kind(driver: str) -> str:
+    """The CDI kind (vendor/class) of the driver's devices."""
+    return f"{driver}/hca"
+
+
+def dra_socket(plugins_dir: Path, driver: str) -> Path:
+    """Where the driver serves the kubelet's DRAPlugin service."""
+    return plugins_dir / driver / "dra.sock"
+
+
+def registration_socket(plugins_registry_dir: Path, driver: str) -> Path:
+    """Where the kubelet's plugin watcher finds the driver."""
+    return plugins_registry_dir / f"{driver}-reg.sock"
 
 
 def socket_name(resource_name: str) -> str:
@@ -55,14 +83,14 @@ class LaunchError(ValueError):
 
 
 @dataclass(frozen=True)
-class LaunchSpec:
-    """How one plugin process runs."""
+class CoreSpec:
+    """What every front end of the core takes: the config, the node's trees, the scans, the
+    metrics and the log."""
 
     # None: DEFAULT_CONFIG_PATH if it exists, else the default config; a path given must exist.
     config: Path | None = None
     sysfs_root: Path = Path("/sys")
     dev_root: Path = Path("/dev")
-    device_plugin_dir: Path = DEFAULT_DEVICE_PLUGIN_DIR
     discovery: DiscoveryKind = "auto"
     # Seconds between periodic scans, the backstop behind netlink and uevent events.
     rescan_interval: float = 5.0
@@ -94,9 +122,11 @@ class LaunchSpec:
         port = decimal(text) if sep else None
         return port if port is not None and port <= 65535 else None
 
+    module = ""  # the program's, each front end's own
+
     def command(self, python: str = "python") -> list[str]:
         """The command line that runs exactly this spec."""
-        return [python, "-m", DEVICE_PLUGIN_MODULE, *self.argv()]
+        return [python, "-m", self.module, *self.argv()]
 
     def argv(self) -> list[str]:
         """The flags that launch exactly this spec, every one spelled out."""
@@ -108,6 +138,54 @@ class LaunchSpec:
         return args
 
 
+@dataclass(frozen=True)
+class LaunchSpec(CoreSpec):
+    """How one device plugin process runs."""
+
+    device_plugin_dir: Path = DEFAULT_DEVICE_PLUGIN_DIR
+
+    module = DEVICE_PLUGIN_MODULE
+
+
+@dataclass(frozen=True)
+class DraLaunchSpec(CoreSpec):
+    """How one DRA driver process runs: the core's flags, and where it meets the kubelet, the
+    API server and the runtime. Every path is a flag, so it runs outside a pod against any API
+    server."""
+
+    metrics_address: str = f"0.0.0.0:{DEFAULT_DRA_METRICS_PORT}"
+    # None: the pod's service account
+    kubeconfig: Path | None = None
+    # "": the NODE_NAME env var (the DaemonSet sets it from spec.nodeName)
+    node_name: str = ""
+    driver_name: str = DRA_DRIVER
+    plugins_registry_dir: Path = DEFAULT_PLUGINS_REGISTRY_DIR
+    plugins_dir: Path = DEFAULT_PLUGINS_DIR
+    cdi_dir: Path = DEFAULT_CDI_DIR
+
+    module = DRA_MODULE
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.node_name and not _DNS_SUBDOMAIN.fullmatch(self.node_name):
+            raise LaunchError("node_name", "must be a node's name (a DNS subdomain)")
+        if not _DNS_SUBDOMAIN.fullmatch(self.driver_name) or "." not in self.driver_name:
+            raise LaunchError("driver_name", "must be a DNS subdomain with a dot, e.g. rdma.x.io")
+        for path in (
+            registration_socket(self.plugins_registry_dir, self.driver_name),
+            dra_socket(self.plugins_dir, self.driver_name),
+        ):
+            if len(os.fsencode(path)) > MAX_UNIX_PATH:
+                raise LaunchError(
+                    "plugins_dir" if path.name == "dra.sock" else "plugins_registry_dir",
+                    f"its socket {path} would be over the {MAX_UNIX_PATH}-byte unix limit",
+                )
+
+
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -117,6 +195,9 @@ _HELP = {
     "discovery": "auto: verbs when pyverbs finds devices, else sysfs",
     "rescan_interval": "periodic re-scan in seconds, the backstop behind netlink events",
     "metrics_address": "HOST:PORT for /metrics and /healthz; empty disables",
+    "kubeconfig": "API server credentials (default: the pod's service account)",
+    "node_name": f"this node's name (default: ${NODE_NAME_ENV})",
+    "cdi_dir": "where the container runtime reads CDI specs",
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "discovery": get_args(DiscoveryKind),
@@ -131,11 +212,19 @@ def _path(text: str) -> Path:
     return Path(os.path.abspath(text))
 
 
-def parse(argv: list[str] | None) -> LaunchSpec:
-    """The command line as a LaunchSpec; a bad flag exits 2 naming it (argparse's way)."""
-    parser = Parser("rdma-device-plugin", "Kubernetes device plugin for RDMA HCAs (rdma/hca)")
-    defaults = LaunchSpec()
-    for f in fields(LaunchSpec):
+S = TypeVar("S", bound=CoreSpec)
+
+
+def parse(
+    argv: list[str] | None,
+    spec_type: type[S],
+    prog: str = "rdma-device-plugin",
+    description: str = "Kubernetes device plugin for RDMA HCAs (rdma/hca)",
+) -> S:
+    """The command line as a `spec_type`; a bad flag exits 2 naming it (argparse's way)."""
+    parser = Parser(prog, description)
+    defaults = spec_type()
+    for f in fields(spec_type):
         default = getattr(defaults, f.name)
         kind: Callable[[str], object] = (
             float if isinstance(default, float) else str if isinstance(default, str) else _path
@@ -150,7 +239,7 @@ def parse(argv: list[str] | None) -> LaunchSpec:
         )
     values = vars(parser.parse_args(argv))
     try:
-        return LaunchSpec(**values)
+        return spec_type(**values)
     except LaunchError as exc:
         parser.error(f"{_flag(exc.field)} {values[exc.field]}: {exc.why}")
 

@@ -4,12 +4,14 @@ memory, or have one of two values win silently."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
 import reprlib
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any, cast
 
@@ -286,3 +288,27 @@ def why_not_writable(directory: Path) -> str | None:
     if not os.access(directory, os.W_OK | os.X_OK):
         return "is not writable by this process"
     return None
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`path` holds `text` whole, or is left as it was; only a regular file (or none) is
+    replaced: a device, FIFO, symlink or directory there is refused, never overwritten."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFREG
+    if not stat.S_ISREG(mode):
+        raise OSError(
+            errno.EEXIST, f"is {file_kind(mode)}, not a regular file: name a file to write"
+        )
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)  # a name of its own, short
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # whole on disk before it has the name (a crash, a reboot)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)

@@ -12,8 +12,8 @@ from pathlib import Path
 from plugin import launch
 from plugin.config import ConfigError, PluginConfig, load_config
 from plugin.core import instance
-from plugin.core.discovery.model import Discovery, DiscoveryError
-from plugin.core.discovery.sysfs import SysfsDiscovery
+from plugin.core.discovery.choose import choose_discovery
+from plugin.core.discovery.model import DiscoveryError
 from plugin.core.terminal import exit_on_signals, say
 from plugin.deviceplugin import supervisor
 from plugin.launch import MAX_UNIX_PATH, socket_name
@@ -34,29 +34,8 @@ def check_socket_paths(plugin_dir: Path, config: PluginConfig) -> None:
             )
 
 
-def choose_discovery(kind: str, sysfs_root: Path, dev_root: Path) -> Discovery:
-    if kind == "sysfs":
-        return SysfsDiscovery(sysfs_root, dev_root)
-    try:
-        from plugin.core.discovery.verbs import VerbsDiscovery
-    except ImportError as exc:
-        if kind == "verbs":
-            raise DiscoveryError(f"--discovery verbs needs pyverbs ({exc})") from exc
-        logger.info("pyverbs unavailable (%s): sysfs discovery", exc)
-        return SysfsDiscovery(sysfs_root, dev_root)
-    verbs = VerbsDiscovery(sysfs_root, dev_root)
-    if kind == "verbs":
-        return verbs
-    try:
-        verbs.check_usable()
-    except DiscoveryError as exc:
-        logger.info("%s: sysfs discovery", exc)
-        return SysfsDiscovery(sysfs_root, dev_root)
-    return verbs
-
-
 def main(argv: list[str] | None = None) -> int:
-    spec = launch.parse(argv)
+    spec = launch.parse(argv, launch.LaunchSpec)
     logging.basicConfig(
         level=spec.log_level.upper(),
         stream=sys.stderr,

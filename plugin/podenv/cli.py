@@ -17,14 +17,11 @@ Exit codes: 0 printed, 1 no usable GID (the message names the HCAs, the addresse
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import os
 import re
 import socket
-import stat
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
@@ -32,7 +29,7 @@ from typing import get_args
 from plugin.core.discovery.model import Hca
 from plugin.core.discovery.sysfs import SysfsDiscovery
 from plugin.core.terminal import Parser, say
-from plugin.core.userfiles import described, file_kind, why_not_writable
+from plugin.core.userfiles import described, why_not_writable, write_atomically
 from plugin.launch import (
     HCAS_ENV,
     PODENV_MODULE,
@@ -173,28 +170,6 @@ def main(argv: list[str] | None = None) -> int:
         say(f"lingjun-rdma podenv: {where}: {_why(exc, args.out)}")
         return 2
     return 0
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """`path` holds `text` whole, or is left as it was; only a regular file (or none) is
-    replaced: a device, FIFO, symlink or directory there is refused, never overwritten."""
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        mode = stat.S_IFREG
-    if not stat.S_ISREG(mode):
-        raise OSError(
-            errno.EEXIST, f"is {file_kind(mode)}, not a regular file: name a file to write"
-        )
-    fd, tmp = tempfile.mkstemp(prefix=".podenv-", dir=path.parent)  # a name of its own, short
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 def _why(exc: OSError, out: Path | None) -> str:

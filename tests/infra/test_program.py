@@ -442,7 +442,7 @@ def test_daemonset_command_is_the_launch_spec_the_plugin_parses_back(
         "command"
     ]
 
-    assert launch.parse(command[3:]) == LaunchSpec(
+    assert launch.parse(command[3:], LaunchSpec) == LaunchSpec(
         config=DEFAULT_CONFIG_PATH, discovery="sysfs", rescan_interval=interval
     )
 

@@ -72,8 +72,13 @@ class SysfsTree:
         ports: list[PortSpec] | None = None,
         umad: bool = True,
         issm: bool = False,
+        pcie_root: str = "pci0000:00",
     ) -> SysfsTree:
-        fn = self.sys / "devices" / "pci0000:00" / "0000:00:02.0" / pci
+        # as the kernel lays it out: devices/<root complex>/<bridge>/<function>, linked from
+        # bus/pci/devices/<function>
+        fn = self.sys / "devices" / pcie_root / f"{pcie_root[3:]}:02.0" / pci
+        fn.mkdir(parents=True, exist_ok=True)
+        _link(self.sys / "bus" / "pci" / "devices" / pci, fn)
         _write(fn / "vendor", vendor)
         _write(fn / "device", device)
         _write(fn / "numa_node", str(numa))

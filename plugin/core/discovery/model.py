@@ -67,6 +67,9 @@ class Hca:
     chardevs: CharDevices
     problems: tuple[str, ...] = ()  # why something expected is missing, for logs and errors
     readable: bool = True  # False: its sysfs entry could not be read at all
+    pci_address: str | None = None  # "0000:3b:00.0"; None for virtual devices
+    # The PCIe root complex ("pci0000:3a"), as Kubernetes' resource.kubernetes.io/pcieRoot
+    pcie_root: str | None = None
 
     @property
     def netdevs(self) -> tuple[str, ...]:

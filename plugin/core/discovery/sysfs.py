@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -105,12 +106,15 @@ class SysfsDiscovery:
             numa = _numa(read(pci / "numa_node"))
             pci_netdevs = _pci_netdevs(pci)
             parent = None
+            address = os.path.basename(os.path.realpath(pci))
+            pcie_root = pcie_root_of(self.sysfs, address)
         else:  # Soft-RoCE / siw: no PCI parent, `parent` names the netdev
             vendor = device_id = ""
             driver = _virtual_driver(name)
             numa = None
             pci_netdevs = {}
             parent = read(base / "parent")
+            address = pcie_root = None
         ports = tuple(
             self._read_port(base / "ports" / p, int(p), pci_netdevs, parent, problems)
             for p in _numbered(base / "ports", problems)
@@ -136,6 +140,8 @@ class SysfsDiscovery:
                 issm=tuple(m for m in issm if _is_device(self.dev_ib / m)),
             ),
             problems=tuple(problems),
+            pci_address=address,
+            pcie_root=pcie_root,
         )
 
     def _node_exists(self, chardev: str, problems: list[str]) -> bool:
@@ -238,6 +244,29 @@ def _pci_netdevs(pci: Path) -> dict[str, int | None]:
     for netdev in sorted(_listdir(pci / "net")):
         result[netdev] = decimal(read(pci / "net" / netdev / "dev_port") or "")
     return result
+
+
+_BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")
+
+
+def pcie_root_of(sysfs: Path, address: str) -> str | None:
+    """The PCIe root complex of a PCI function, as Kubernetes' deviceattribute package finds
+    it (GetPCIeRootAttributeByPCIBusID): bus/pci/devices/<bdf> links into
+    devices/pci<domain>:<bus>/.../<bdf>, whose first component is the root. None where that
+    link is not so (a VM without a PCIe topology, a bad address)."""
+    if not _BDF.fullmatch(address):
+        return None
+    link = sysfs / "bus" / "pci" / "devices" / address
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None
+    target = os.path.normpath(os.path.join(link.parent, target))
+    devices = str(sysfs / "devices")
+    root = os.path.relpath(target, devices).split(os.sep)[0]
+    if not root.startswith("pci") or os.path.basename(target) != address:
+        return None
+    return root
 
 
 def _virtual_driver(name: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from plugin.core.discovery.model import Gid, Hca
-from plugin.core.discovery.sysfs import SysfsDiscovery
+from plugin.core.discovery.sysfs import SysfsDiscovery, pcie_root_of
 from tests.plugin.sysfs_tree import PortSpec, SysfsTree, two_mlx5
 
 
@@ -322,3 +322,50 @@ def test_a_device_node_that_is_not_a_character_device_is_not_handed_out(tmp_path
 
     assert hca.chardevs.uverbs is None
     assert f"{node} is a directory, not a device node" in hca.problems
+
+
+def test_each_hca_carries_its_pci_address_and_pcie_root(tmp_path: Path) -> None:
+    tree = SysfsTree(tmp_path).rdma_cm()
+    tree.add_pci_hca("mlx5_0", pci="0000:3b:00.0", pcie_root="pci0000:3a")
+    tree.add_pci_hca("mlx5_1", pci="0000:86:00.0", pcie_root="pci0000:85")
+    tree.add_rxe("rxe0", "veth0")
+
+    hcas = scan(tree)
+
+    assert (hcas["mlx5_0"].pci_address, hcas["mlx5_0"].pcie_root) == ("0000:3b:00.0", "pci0000:3a")
+    assert (hcas["mlx5_1"].pci_address, hcas["mlx5_1"].pcie_root) == ("0000:86:00.0", "pci0000:85")
+    assert (hcas["rxe0"].pci_address, hcas["rxe0"].pcie_root) == (None, None)
+
+
+_BDF = "0000:01:02.3"
+
+
+def _bus_link(sysfs: Path, target: str) -> None:
+    function = sysfs / "devices" / target
+    function.parent.mkdir(parents=True)
+    function.touch()
+    link = sysfs / "bus" / "pci" / "devices" / _BDF
+    link.parent.mkdir(parents=True)
+    link.symlink_to(os.path.relpath(function, link.parent))
+
+
+# The cases of Kubernetes' own test of it (deviceattribute/pci_linux_test.go, v0.34)
+@pytest.mark.parametrize(
+    ("target", "address", "root"),
+    [
+        (f"pci0000:01/0000:00:13.1/{_BDF}", _BDF, "pci0000:01"),
+        (None, "", None),
+        (None, "invalid-pci-id", None),
+        (None, _BDF, None),
+        (f"invalid-pci-root/0000:00:13.1/{_BDF}", _BDF, None),
+        ("pci0000:01/0000:00:13.1/0000:01:02.4", _BDF, None),
+    ],
+    ids=["valid", "empty", "bad-format", "no-link", "bad-prefix", "bad-suffix"],
+)
+def test_the_pcie_root_is_found_as_kubernetes_finds_it(
+    tmp_path: Path, target: str | None, address: str, root: str | None
+) -> None:
+    if target is not None:
+        _bus_link(tmp_path, target)
+
+    assert pcie_root_of(tmp_path, address) == root

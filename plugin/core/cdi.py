@@ -1,0 +1,58 @@
+"""CDI (Container Device Interface) specs: what a container runtime injects for a CDI device
+ID, written as one JSON file per owner (a claim) into the runtime's CDI dir. The same for
+every front end."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from plugin.core.pool import Allocation
+from plugin.core.userfiles import write_atomically
+
+# The newest spec version these edits need is 0.3.0 (device nodes, env); 0.6.0 is what
+# containerd 1.7 and 2.x all read. ACK's containerd 2.1 reads none newer than 1.0.0.
+CDI_VERSION = "0.6.0"
+# CDI's own grammar of a device name.
+_CDI_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
+
+
+class CdiError(ValueError):
+    """A spec that no runtime would read: said before it is written."""
+
+
+def device_id(kind: str, name: str) -> str:
+    """The fully qualified CDI device ID a runtime resolves: vendor.com/class=name."""
+    return f"{kind}={name}"
+
+
+def spec(kind: str, devices: Mapping[str, Allocation]) -> dict[str, object]:
+    """A CDI spec of `kind` with one device per name: its device nodes and env."""
+    for name in devices:
+        if not _CDI_NAME.fullmatch(name):
+            raise CdiError(f"{name!r} is not a CDI device name (letters, digits, _.:-)")
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": kind,
+        "devices": [
+            {
+                "name": name,
+                "containerEdits": {
+                    "deviceNodes": [
+                        {"path": d.container_path, "hostPath": d.host_path, "permissions": "rw"}
+                        for d in allocation.devices
+                    ],
+                    "env": [f"{k}={v}" for k, v in sorted(allocation.envs.items())],
+                },
+            }
+            for name, allocation in devices.items()
+        ],
+    }
+
+
+def write_spec(cdi_dir: Path, file_name: str, content: Mapping[str, object]) -> None:
+    """Written whole or not at all: a runtime may read the dir at any moment."""
+    cdi_dir.mkdir(parents=True, exist_ok=True)
+    write_atomically(cdi_dir / file_name, json.dumps(content, indent=1, sort_keys=True))

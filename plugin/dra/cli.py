@@ -1,0 +1,65 @@
+"""Entry point of the DRA driver: flags into a DraLaunchSpec, logging, the config, the
+discovery, the API server's credentials and the node's name, chosen once; the single-instance
+lock; every refusal here is exit 2 with one line naming what to fix."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+from plugin import launch
+from plugin.config import ConfigError, load_config
+from plugin.core import instance
+from plugin.core.discovery.choose import choose_discovery
+from plugin.core.discovery.model import DiscoveryError
+from plugin.core.terminal import exit_on_signals, say
+from plugin.dra import driver
+from plugin.dra.kubeapi import CredentialsError, KubeApi
+from plugin.launch import NODE_NAME_ENV, DraLaunchSpec
+
+logger = logging.getLogger("plugin")
+
+
+def main(argv: list[str] | None = None) -> int:
+    spec = launch.parse(
+        argv,
+        DraLaunchSpec,
+        driver.PROG,
+        "Kubernetes DRA driver for RDMA HCAs (resource.k8s.io/v1): shared and exclusive",
+    )
+    logging.basicConfig(
+        level=spec.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    node = spec.node_name or os.environ.get(NODE_NAME_ENV, "")
+    if not node:
+        say(f"{driver.PROG}: no node name: pass --node-name, or set ${NODE_NAME_ENV}")
+        return 2
+    try:
+        config = load_config(spec.config_path, explicit=spec.config is not None)
+        discovery = choose_discovery(spec.discovery, spec.sysfs_root, spec.dev_root)
+        api = (
+            KubeApi.from_kubeconfig(spec.kubeconfig)
+            if spec.kubeconfig is not None
+            else KubeApi.in_cluster()
+        )
+    except (ConfigError, DiscoveryError, CredentialsError, OSError) as exc:
+        say(f"{driver.PROG}: {exc}")
+        return 2
+    logger.info(
+        "driver %s on node %s; discovery: %s; pools: %s",
+        spec.driver_name,
+        node,
+        discovery.name,
+        ", ".join(f"{p.name} ({p.mode})" for p in config.pools),
+    )
+    exit_on_signals(driver.PROG, "before serving")
+    try:
+        with instance.held(spec.plugins_dir / spec.driver_name):
+            return asyncio.run(driver.run(spec, node, config, discovery, api))
+    except instance.LockError as exc:
+        say(f"{driver.PROG}: --plugins-dir {exc}")
+        return 2

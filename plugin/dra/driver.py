@@ -1,0 +1,125 @@
+"""The running DRA driver: the core's node state (the same HealthWatcher the device plugin
+runs) feeding the Preparer and the ResourceSlices, the kubelet's two gRPC services on their
+sockets, and the metrics server; stopped on a signal or a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+from plugin.config import PluginConfig
+from plugin.core import pool as policy
+from plugin.core.discovery.model import Discovery
+from plugin.core.health import HealthWatcher
+from plugin.core.metrics import Metrics, serve_http
+from plugin.core.sockets import grpc_target
+from plugin.core.terminal import say
+from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from plugin.dra.kubeapi import KubeApi
+from plugin.dra.prepare import Preparer
+from plugin.dra.servicer import RegistrationServicer, add_dra_services
+from plugin.dra.slices import SlicePublisher
+from plugin.launch import DraLaunchSpec, cdi_kind, dra_socket, registration_socket
+
+logger = logging.getLogger(__name__)
+
+PROG = "rdma-dra-driver"
+
+
+def _bind(path: Path, server: grpc.aio.Server) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # a socket a crashed run left
+    server.add_insecure_port(grpc_target(path))
+
+
+async def run(
+    spec: DraLaunchSpec, node: str, config: PluginConfig, discovery: Discovery, api: KubeApi
+) -> int:
+    """Serve until SIGTERM, SIGINT or SIGHUP (0) or a crash (1); a metrics address that
+    cannot be bound is a bad flag (2)."""
+    driver = spec.driver_name
+    metrics = Metrics()
+    preparer = Preparer(
+        api,
+        driver,
+        node,
+        cdi_kind(driver),
+        spec.cdi_dir,
+        spec.plugins_dir / driver / "checkpoint.json",
+        spec.dev_root,
+    )
+    publisher = SlicePublisher(api, driver, node)
+    registered = False
+
+    async def publish(views: Sequence[policy.PoolView]) -> None:
+        publisher.update(preparer.update(views))
+
+    def on_status(ok: bool, error: str) -> None:
+        nonlocal registered
+        registered = ok
+        if ok:
+            logger.info("registered with the kubelet as %s", driver)
+            publisher.recheck()  # a starting kubelet wipes the node's slices
+        else:
+            logger.error("the kubelet refused the registration: %s", error)
+
+    health = HealthWatcher(discovery, config, metrics, spec.rescan_interval, publish)
+    await health.rescan()
+
+    dra_path = dra_socket(spec.plugins_dir, driver)
+    reg_path = registration_socket(spec.plugins_registry_dir, driver)
+    dra_server = grpc.aio.server()
+    add_dra_services(dra_server, preparer)
+    _bind(dra_path, dra_server)
+    await dra_server.start()
+    reg_server = grpc.aio.server()
+    reg_grpc.add_RegistrationServicer_to_server(
+        RegistrationServicer(driver, str(dra_path), on_status), reg_server
+    )
+    _bind(reg_path, reg_server)
+    await reg_server.start()
+    logger.info("serving %s; registration at %s", dra_path, reg_path)
+
+    http = None
+    if spec.metrics_port is not None:
+        try:
+            http = await serve_http(
+                spec.metrics_host, spec.metrics_port, metrics, lambda: registered
+            )
+        except (OSError, ValueError) as exc:
+            say(f"{PROG}: --metrics-address {spec.metrics_address}: {exc}: use a free HOST:PORT")
+            return 2
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop.set)
+    code = 0
+    tasks = [
+        asyncio.create_task(health.run(), name="health"),
+        asyncio.create_task(publisher.run(), name="slices"),
+    ]
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+    for task in done:
+        if task is not stopper and task.exception() is not None:
+            logger.error("%s crashed", task.get_name(), exc_info=task.exception())
+            code = 1
+    logger.info("stopping")
+    for task in [*tasks, stopper]:
+        task.cancel()
+    # the registration socket first: the kubelet deregisters us, and wipes our slices if we
+    # stay away (its grace period lets a restart keep them)
+    await reg_server.stop(grace=None)
+    reg_path.unlink(missing_ok=True)
+    await dra_server.stop(grace=1)
+    dra_path.unlink(missing_ok=True)
+    if http is not None:
+        http.close()
+        await http.wait_closed()
+    return code

@@ -1,0 +1,217 @@
+"""Prepare and unprepare: a claim's allocation for this driver and node becomes a CDI spec in
+the runtime's CDI dir, and the CDI device IDs the kubelet hands the runtime. The only writer of
+the CDI specs and of the checkpoint that outlives a driver restart and a node reboot (the CDI
+dir, /var/run/cdi, is a tmpfs: a claim prepared before a reboot gets its spec again)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from plugin.core import cdi
+from plugin.core import pool as policy
+from plugin.core.userfiles import write_atomically
+from plugin.dra.devices import SliceDevice, slice_devices
+from plugin.dra.kubeapi import KubeApi, KubeApiError
+from plugin.launch import HCAS_ENV
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_VERSION = 1
+
+
+class PrepareError(RuntimeError):
+    """Why a claim cannot be prepared (or unprepared) now; the kubelet retries."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    uid: str
+    name: str
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One prepared claim, as checkpointed: enough to answer again and to write its spec."""
+
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...]
+    spec: dict[str, Any] = field(default_factory=dict[str, Any])
+
+
+def spec_file(driver: str, uid: str) -> str:
+    return f"{driver}-{uid}.json"
+
+
+class Preparer:
+    def __init__(
+        self,
+        api: KubeApi,
+        driver: str,
+        node: str,
+        cdi_kind: str,
+        cdi_dir: Path,
+        checkpoint: Path,
+        dev_root: Path,
+    ) -> None:
+        self.api = api
+        self.driver = driver
+        self.node = node
+        self.cdi_kind = cdi_kind
+        self.cdi_dir = cdi_dir
+        self.checkpoint = checkpoint
+        self.dev_root = dev_root
+        self._views: dict[str, policy.PoolView] = {}
+        self._devices: dict[str, SliceDevice] = {}
+        self.claims: dict[str, Prepared] = load_checkpoint(checkpoint)
+
+    def update(self, views: Sequence[policy.PoolView]) -> list[SliceDevice]:
+        """The node's state after a scan; the devices it publishes now."""
+        devices, skipped = slice_devices(views)
+        for reason in skipped:
+            logger.warning("%s", reason)
+        self._views = {v.pool.name: v for v in views}
+        self._devices = {d.name: d for d in devices}
+        return devices
+
+    def prepare(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
+        """Idempotent: a claim prepared before (by this run or one before a restart or a
+        reboot) gets the same answer, and its spec written again if it is gone."""
+        done = self.claims.get(claim.uid)
+        if done is None:
+            done = self._prepare(claim)
+            self.claims[claim.uid] = done
+            save_checkpoint(self.checkpoint, self.claims)
+        if not (self.cdi_dir / spec_file(self.driver, claim.uid)).exists():
+            cdi.write_spec(self.cdi_dir, spec_file(self.driver, claim.uid), done.spec)
+        return done.devices
+
+    def unprepare(self, claim: ClaimRef) -> None:
+        """Idempotent: an unknown claim is already unprepared."""
+        (self.cdi_dir / spec_file(self.driver, claim.uid)).unlink(missing_ok=True)
+        if self.claims.pop(claim.uid, None) is not None:
+            save_checkpoint(self.checkpoint, self.claims)
+
+    def _prepare(self, claim: ClaimRef) -> Prepared:
+        results = self._allocated(claim)
+        requests: dict[str, list[str]] = {}
+        for result in results:
+            requests.setdefault(result["device"], []).append(result["request"])
+        allocations: dict[str, policy.Allocation] = {}
+        hcas: list[str] = []
+        for name in requests:
+            device = self._devices.get(name)
+            if device is None:
+                raise PrepareError(
+                    f"device {name} is not on this node now (withdrawn: its HCA is not usable, "
+                    "or the driver's config changed since the claim was allocated)"
+                )
+            view = self._views[device.pool]
+            usable = tuple(h.name for h in view.hcas if h.name in device.hcas)
+            usable = tuple(
+                h.name for h in view.hcas if h.name in usable and h.unhealthy_reason() is None
+            )
+            if not usable:
+                raise PrepareError(f"device {name}: none of its HCAs is usable now")
+            allocations[f"{claim.uid}-{name}"] = policy.allocation(view, usable, self.dev_root)
+            hcas += [h for h in usable if h not in hcas]
+        # one env for the whole claim: each device sets it, to the same value
+        allocations = {
+            n: policy.Allocation(a.devices, {**a.envs, HCAS_ENV: ",".join(hcas)})
+            for n, a in allocations.items()
+        }
+        content = cdi.spec(self.cdi_kind, allocations)
+        devices = tuple(
+            PreparedDevice(
+                request_names=tuple(requests[name]),
+                pool_name=self.node,
+                device_name=name,
+                cdi_device_ids=(cdi.device_id(self.cdi_kind, f"{claim.uid}-{name}"),),
+            )
+            for name in requests
+        )
+        logger.info(
+            "prepared claim %s/%s (%s): %s", claim.namespace, claim.name, claim.uid, ", ".join(hcas)
+        )
+        return Prepared(claim.namespace, claim.name, devices, content)
+
+    def _allocated(self, claim: ClaimRef) -> list[dict[str, str]]:
+        path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
+        try:
+            obj = self.api.call("GET", path)
+        except KubeApiError as exc:
+            raise PrepareError(f"cannot read claim {claim.namespace}/{claim.name}: {exc}") from exc
+        if obj["metadata"].get("uid") != claim.uid:
+            raise PrepareError(
+                f"claim {claim.namespace}/{claim.name} has UID {obj['metadata'].get('uid')}, not "
+                f"{claim.uid}: it was deleted and made again"
+            )
+        status = cast(dict[str, Any], obj.get("status") or {})
+        allocation = cast(dict[str, Any], status.get("allocation") or {})
+        devices = cast(dict[str, Any], allocation.get("devices") or {})
+        results = cast(list[dict[str, str]], devices.get("results") or [])
+        ours = [r for r in results if r.get("driver") == self.driver and r.get("pool") == self.node]
+        if not ours:
+            raise PrepareError(
+                f"claim {claim.namespace}/{claim.name} allocates no device of {self.driver} on "
+                f"node {self.node}"
+            )
+        return ours
+
+
+def load_checkpoint(path: Path) -> dict[str, Prepared]:
+    """The claims prepared before; none when there is no checkpoint. One that cannot be read is
+    kept aside (never overwritten unread) and said: its claims are prepared again on demand."""
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("version") != CHECKPOINT_VERSION:
+            raise ValueError(f"version {doc.get('version')}, not {CHECKPOINT_VERSION}")
+        return {uid: _prepared(c) for uid, c in doc["claims"].items()}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        aside = path.with_suffix(".unreadable")
+        with contextlib.suppress(OSError):
+            os.replace(path, aside)
+        logger.error("checkpoint %s cannot be read (%s): kept as %s", path, exc, aside)
+        return {}
+
+
+def _prepared(doc: Mapping[str, Any]) -> Prepared:
+    return Prepared(
+        namespace=doc["namespace"],
+        name=doc["name"],
+        devices=tuple(
+            PreparedDevice(
+                tuple(d["request_names"]),
+                d["pool_name"],
+                d["device_name"],
+                tuple(d["cdi_device_ids"]),
+            )
+            for d in doc["devices"]
+        ),
+        spec=dict(doc["spec"]),
+    )
+
+
+def save_checkpoint(path: Path, claims: Mapping[str, Prepared]) -> None:
+    """Written whole or not at all: a crash mid-write leaves the previous checkpoint."""
+    content = {"version": CHECKPOINT_VERSION, "claims": {u: asdict(p) for u, p in claims.items()}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, json.dumps(content))

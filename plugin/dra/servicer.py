@@ -1,0 +1,142 @@
+"""The kubelet's two gRPC services of a DRA driver: Registration (found by the kubelet's plugin
+watcher in plugins_registry) and DRAPlugin, v1 and v1beta1 (the same messages: the kubelet
+uses the newest both sides speak). Thin: all the work is the Preparer's."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from typing import Any
+
+import grpc
+
+from plugin.dra.api.dra.v1 import api_pb2 as v1
+from plugin.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
+from plugin.dra.api.dra.v1beta1 import api_pb2 as v1beta1
+from plugin.dra.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from plugin.dra.api.pluginregistration.v1 import api_pb2 as reg
+from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from plugin.dra.prepare import ClaimRef, PreparedDevice, PrepareError, Preparer
+
+logger = logging.getLogger(__name__)
+
+# What the kubelet 1.34 matches in GetInfo's supported_versions.
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+
+
+class _Claims:
+    """NodePrepareResources and NodeUnprepareResources, whatever the API version: claims are
+    prepared one at a time, off the event loop (a claim's read from the API server and its
+    file writes block), under one lock (the checkpoint has one writer)."""
+
+    def __init__(self, preparer: Preparer, lock: asyncio.Lock) -> None:
+        self.preparer = preparer
+        self.lock = lock
+
+    async def prepare(self, claims: Iterable[Any]) -> dict[str, tuple[PreparedDevice, ...] | str]:
+        """Claim UID -> its devices, or why it cannot be prepared now."""
+        answers: dict[str, tuple[PreparedDevice, ...] | str] = {}
+        for claim in claims:
+            ref = ClaimRef(claim.namespace, claim.uid, claim.name)
+            try:
+                async with self.lock:
+                    answers[claim.uid] = await asyncio.to_thread(self.preparer.prepare, ref)
+            except (PrepareError, OSError) as exc:
+                logger.warning("prepare %s/%s: %s", claim.namespace, claim.name, exc)
+                answers[claim.uid] = str(exc)
+        return answers
+
+    async def unprepare(self, claims: Iterable[Any]) -> dict[str, str]:
+        """Claim UID -> "" once unprepared, or why not."""
+        answers: dict[str, str] = {}
+        for claim in claims:
+            try:
+                async with self.lock:
+                    await asyncio.to_thread(
+                        self.preparer.unprepare, ClaimRef(claim.namespace, claim.uid, claim.name)
+                    )
+                answers[claim.uid] = ""
+            except OSError as exc:
+                logger.warning("unprepare %s/%s: %s", claim.namespace, claim.name, exc)
+                answers[claim.uid] = str(exc)
+        return answers
+
+
+class V1Servicer(v1_grpc.DRAPluginServicer):
+    def __init__(self, claims: _Claims) -> None:
+        self.claims = claims
+
+    async def NodePrepareResources(
+        self, request: v1.NodePrepareResourcesRequest, context: object
+    ) -> v1.NodePrepareResourcesResponse:
+        response = v1.NodePrepareResourcesResponse()
+        for uid, answer in (await self.claims.prepare(request.claims)).items():
+            if isinstance(answer, str):
+                response.claims[uid].error = answer
+            else:
+                response.claims[uid].devices.extend(v1.Device(**asdict(d)) for d in answer)
+        return response
+
+    async def NodeUnprepareResources(
+        self, request: v1.NodeUnprepareResourcesRequest, context: object
+    ) -> v1.NodeUnprepareResourcesResponse:
+        response = v1.NodeUnprepareResourcesResponse()
+        for uid, error in (await self.claims.unprepare(request.claims)).items():
+            response.claims[uid].error = error
+        return response
+
+
+class V1beta1Servicer(v1beta1_grpc.DRAPluginServicer):
+    def __init__(self, claims: _Claims) -> None:
+        self.claims = claims
+
+    async def NodePrepareResources(
+        self, request: v1beta1.NodePrepareResourcesRequest, context: object
+    ) -> v1beta1.NodePrepareResourcesResponse:
+        response = v1beta1.NodePrepareResourcesResponse()
+        for uid, answer in (await self.claims.prepare(request.claims)).items():
+            if isinstance(answer, str):
+                response.claims[uid].error = answer
+            else:
+                response.claims[uid].devices.extend(v1beta1.Device(**asdict(d)) for d in answer)
+        return response
+
+    async def NodeUnprepareResources(
+        self, request: v1beta1.NodeUnprepareResourcesRequest, context: object
+    ) -> v1beta1.NodeUnprepareResourcesResponse:
+        response = v1beta1.NodeUnprepareResourcesResponse()
+        for uid, error in (await self.claims.unprepare(request.claims)).items():
+            response.claims[uid].error = error
+        return response
+
+
+def add_dra_services(server: grpc.aio.Server, preparer: Preparer) -> None:
+    claims = _Claims(preparer, asyncio.Lock())
+    v1_grpc.add_DRAPluginServicer_to_server(V1Servicer(claims), server)
+    v1beta1_grpc.add_DRAPluginServicer_to_server(V1beta1Servicer(claims), server)
+
+
+class RegistrationServicer(reg_grpc.RegistrationServicer):
+    """Tells the kubelet's plugin watcher who we are and where DRAPlugin is served; hears back
+    whether the kubelet took us (`on_status`)."""
+
+    def __init__(self, driver: str, endpoint: str, on_status: Callable[[bool, str], None]) -> None:
+        self.driver = driver
+        self.endpoint = endpoint
+        self.on_status = on_status
+
+    async def GetInfo(self, request: reg.InfoRequest, context: object) -> reg.PluginInfo:
+        return reg.PluginInfo(
+            type="DRAPlugin",
+            name=self.driver,
+            endpoint=self.endpoint,
+            supported_versions=SUPPORTED_VERSIONS,
+        )
+
+    async def NotifyRegistrationStatus(
+        self, request: reg.RegistrationStatus, context: object
+    ) -> reg.RegistrationStatusResponse:
+        self.on_status(request.plugin_registered, request.error)
+        return reg.RegistrationStatusResponse()

@@ -1,0 +1,138 @@
+"""The node's ResourceSlices, kept equal to its devices: the only writer of them. Each change of
+the devices is a new pool generation; the slices in the API are reconciled to it (created,
+replaced, deleted) on every change, on every registration with the kubelet (which wipes a
+node's slices when it starts and when a driver stays away) and periodically."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any, cast
+
+from plugin.dra.devices import SliceDevice, label, slices
+from plugin.dra.kubeapi import KubeApi, KubeApiError
+
+logger = logging.getLogger(__name__)
+
+RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+_BACKOFF_START, _BACKOFF_MAX = 1.0, 30.0
+_RECHECK = 60.0
+
+
+def slice_name(node: str, driver: str, index: int) -> str:
+    return f"{node}-{label(driver)}-{index}"
+
+
+def desired(
+    driver: str, node: str, generation: int, devices: Sequence[SliceDevice]
+) -> list[dict[str, Any]]:
+    """The ResourceSlice objects (without metadata beyond the name) for these devices."""
+    parts = slices(devices)
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": slice_name(node, driver, i)},
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {"name": node, "generation": generation, "resourceSliceCount": len(parts)},
+                "devices": [d.as_api() for d in part],
+            },
+        }
+        for i, part in enumerate(parts)
+    ]
+
+
+class SlicePublisher:
+    def __init__(self, api: KubeApi, driver: str, node: str) -> None:
+        self.api = api
+        self.driver = driver
+        self.node = node
+        self.generation = 0
+        self.published = 0  # generations reconciled into the API, for metrics and tests
+        self._devices: tuple[SliceDevice, ...] | None = None
+        self._trigger = asyncio.Event()
+
+    def update(self, devices: Sequence[SliceDevice]) -> None:
+        """New devices: a new generation, reconciled as soon as the API lets us."""
+        if tuple(devices) != self._devices:
+            self._devices = tuple(devices)
+            self.generation += 1
+            self._trigger.set()
+
+    def recheck(self) -> None:
+        """Reconcile again at once (the kubelet registered us: it may have wiped the slices)."""
+        self._trigger.set()
+
+    async def run(self) -> None:
+        backoff = _BACKOFF_START
+        while True:
+            try:
+                async with asyncio.timeout(_RECHECK):
+                    await self._trigger.wait()
+            except TimeoutError:
+                pass
+            self._trigger.clear()
+            if self._devices is None:
+                continue
+            try:
+                existing = await asyncio.to_thread(self._existing)
+                newest = max((_generation(s) for s in existing.values()), default=0)
+                if not self.published and newest >= self.generation:
+                    self.generation = newest + 1  # a restart: past what the last run published
+                await asyncio.to_thread(self._reconcile, existing, self.generation, self._devices)
+            except KubeApiError as exc:
+                logger.warning(
+                    "ResourceSlices of %s: %s; trying again in %.0fs", self.node, exc, backoff
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+                self._trigger.set()
+                continue
+            backoff = _BACKOFF_START
+
+    def _existing(self) -> dict[str, dict[str, Any]]:
+        selector = f"spec.nodeName={self.node},spec.driver={self.driver}"
+        listed = self.api.call("GET", RESOURCE_SLICES, query={"fieldSelector": selector})
+        items = cast(list[dict[str, Any]], listed.get("items") or [])
+        return {s["metadata"]["name"]: s for s in items}
+
+    def _reconcile(
+        self, existing: dict[str, dict[str, Any]], generation: int, devices: Sequence[SliceDevice]
+    ) -> None:
+        wanted = desired(self.driver, self.node, generation, devices)
+        changed = 0
+        for item in wanted:
+            name = item["metadata"]["name"]
+            old = existing.pop(name, None)
+            if old is None:
+                self.api.call("POST", RESOURCE_SLICES, item)
+                changed += 1
+            elif old["spec"] != item["spec"]:
+                item["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+                self.api.call("PUT", f"{RESOURCE_SLICES}/{name}", item)
+                changed += 1
+        for name in existing:
+            self.api.call("DELETE", f"{RESOURCE_SLICES}/{name}")
+            changed += 1
+        if changed:
+            logger.info(
+                "ResourceSlices of %s: generation %d, %d devices in %d slices (%d written)",
+                self.node,
+                generation,
+                len(devices),
+                len(wanted),
+                changed,
+            )
+        self.published = generation
+
+    def delete_all(self) -> None:
+        """Remove every slice of this driver on this node (the driver is uninstalled)."""
+        for name in self._existing():
+            self.api.call("DELETE", f"{RESOURCE_SLICES}/{name}")
+
+
+def _generation(item: dict[str, Any]) -> int:
+    return int(item["spec"]["pool"]["generation"])

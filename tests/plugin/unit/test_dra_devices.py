@@ -1,0 +1,160 @@
+"""The DRA front end's devices (plugin/dra/devices.py) from the core's pool views of a fixture
+sysfs tree, and the CDI spec of an allocation (plugin/core/cdi.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from plugin.config import PluginConfig, Pool, Selector
+from plugin.core import cdi
+from plugin.core import pool as policy
+from plugin.core.discovery.sysfs import SysfsDiscovery
+from plugin.dra.devices import MAX_DEVICES_PER_SLICE, PCIE_ROOT_ATTRIBUTE, slice_devices, slices
+from tests.plugin.sysfs_tree import PortSpec, SysfsTree
+
+
+def _tree(tmp_path: Path) -> SysfsTree:
+    """Four HCAs under two PCIe roots, as on a GPU node: two beside each pair of GPUs."""
+    tree = SysfsTree(tmp_path).rdma_cm()
+    for i, (pci, root, numa) in enumerate(
+        [
+            ("0000:1a:00.0", "pci0000:17", 0),
+            ("0000:1b:00.0", "pci0000:17", 0),
+            ("0000:9a:00.0", "pci0000:97", 1),
+            ("0000:9b:00.0", "pci0000:97", 1),
+        ]
+    ):
+        port = PortSpec(netdev=f"eth{i}")
+        tree.add_pci_hca(f"mlx5_{i}", pci=pci, numa=numa, pcie_root=root, ports=[port])
+    return tree
+
+
+def _views(tree: SysfsTree, *pools: Pool) -> list[policy.PoolView]:
+    inventory = SysfsDiscovery(tree.sys, tree.dev).scan()
+    views, conflicts = policy.assign(PluginConfig(pools=pools), inventory)
+    assert conflicts == []
+    return views
+
+
+def test_a_shared_pool_publishes_its_share_devices_each_granting_every_hca(
+    tmp_path: Path,
+) -> None:
+    devices, skipped = slice_devices(_views(_tree(tmp_path), Pool(name="hca", max_allocations=3)))
+
+    assert skipped == []
+    assert [d.name for d in devices] == ["hca-0", "hca-1", "hca-2"]
+    assert {d.hcas for d in devices} == {("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3")}
+    assert devices[0].as_api() == {
+        "name": "hca-0",
+        "attributes": {
+            "mode": {"string": "shared"},
+            "pool": {"string": "hca"},
+            "hcas": {"string": "mlx5_0,mlx5_1,mlx5_2,mlx5_3"},
+        },
+    }
+
+
+def test_an_exclusive_pool_publishes_one_device_per_hca_with_its_pcie_root(
+    tmp_path: Path,
+) -> None:
+    devices, _ = slice_devices(_views(_tree(tmp_path), Pool(name="nic", mode="exclusive")))
+
+    by_name = {d.name: d.as_api()["attributes"] for d in devices}
+    assert sorted(by_name) == ["nic-mlx5-0", "nic-mlx5-1", "nic-mlx5-2", "nic-mlx5-3"]
+    assert by_name["nic-mlx5-2"] == {
+        "mode": {"string": "exclusive"},
+        "pool": {"string": "nic"},
+        "ibdev": {"string": "mlx5_2"},
+        "vendor": {"string": "15b3"},
+        "deviceID": {"string": "1017"},
+        "driver": {"string": "mlx5_core"},
+        "linkLayer": {"string": "Ethernet"},
+        "portState": {"string": "ACTIVE"},
+        "netdev": {"string": "eth2"},
+        "numaNode": {"int": 1},
+        PCIE_ROOT_ATTRIBUTE: {"string": "pci0000:97"},
+    }
+
+
+def test_an_hca_not_usable_now_is_withdrawn_and_shares_go_only_with_the_last_one(
+    tmp_path: Path,
+) -> None:
+    tree = _tree(tmp_path)
+    tree.set_port("mlx5_1", 1, "DOWN")
+    pools = (
+        Pool(name="nic", mode="exclusive", selector=Selector(ibdevs=("mlx5_[01]",))),
+        Pool(name="hca", max_allocations=2, selector=Selector(ibdevs=("mlx5_[23]",))),
+    )
+
+    devices, _ = slice_devices(_views(tree, *pools))
+    assert [d.name for d in devices] == ["nic-mlx5-0", "hca-0", "hca-1"]
+
+    tree.set_port("mlx5_2", 1, "DOWN")
+    devices, _ = slice_devices(_views(tree, *pools))
+    assert [(d.name, d.hcas) for d in devices if d.pool == "hca"] == [
+        ("hca-0", ("mlx5_3",)),
+        ("hca-1", ("mlx5_3",)),
+    ]
+
+    tree.set_port("mlx5_3", 1, "DOWN")
+    devices, _ = slice_devices(_views(tree, *pools))
+    assert [d.name for d in devices] == ["nic-mlx5-0"]
+
+
+def test_device_names_that_collide_as_dns_labels_are_skipped_and_said(tmp_path: Path) -> None:
+    tree = SysfsTree(tmp_path).rdma_cm()
+    tree.add_pci_hca("mlx5_0", pci="0000:1a:00.0")
+    tree.add_pci_hca("mlx5-0", pci="0000:1b:00.0")
+
+    devices, skipped = slice_devices(_views(tree, Pool(name="nic", mode="exclusive")))
+
+    assert len(devices) == 1
+    assert len(skipped) == 1
+    assert "device nic-mlx5-0 is not a DNS label unique on this node" in skipped[0]
+
+
+@pytest.mark.parametrize(("count", "sizes"), [(0, [0]), (128, [128]), (1000, [128] * 7 + [104])])
+def test_slices_hold_at_most_128_devices(tmp_path: Path, count: int, sizes: list[int]) -> None:
+    tree = _tree(tmp_path)
+    pools = (Pool(name="hca", max_allocations=max(count, 1)),)
+    devices, _ = slice_devices(_views(tree, *pools))
+
+    parts = slices(devices[:count])
+
+    assert [len(p) for p in parts] == sizes
+    assert max(sizes) <= MAX_DEVICES_PER_SLICE
+
+
+def test_a_cdi_spec_holds_each_devices_nodes_and_env(tmp_path: Path) -> None:
+    tree = _tree(tmp_path)
+    (view,) = _views(tree, Pool(name="hca"))
+    allocation = policy.allocation(view, ("mlx5_1",), Path("/dev"))
+
+    spec = cdi.spec("rdma.lingjun-rdma.io/hca", {"uid-1-hca-0": allocation})
+    cdi.write_spec(tmp_path / "cdi", "x.json", spec)
+
+    assert json.loads((tmp_path / "cdi" / "x.json").read_text()) == {
+        "cdiVersion": "0.6.0",
+        "kind": "rdma.lingjun-rdma.io/hca",
+        "devices": [
+            {
+                "name": "uid-1-hca-0",
+                "containerEdits": {
+                    "deviceNodes": [
+                        {
+                            "path": f"/dev/infiniband/{n}",
+                            "hostPath": f"/dev/infiniband/{n}",
+                            "permissions": "rw",
+                        }
+                        for n in ("rdma_cm", "uverbs1", "umad1")
+                    ],
+                    "env": ["LINGJUN_RDMA_HCAS=mlx5_1"],
+                },
+            }
+        ],
+    }
+    with pytest.raises(cdi.CdiError, match="is not a CDI device name"):
+        cdi.spec("rdma.lingjun-rdma.io/hca", {"-bad/name": allocation})
