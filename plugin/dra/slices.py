@@ -128,11 +128,6 @@ class SlicePublisher:
             )
         self.published = generation
 
-    def delete_all(self) -> None:
-        """Remove every slice of this driver on this node (the driver is uninstalled)."""
-        for name in self._existing():
-            self.api.call("DELETE", f"{RESOURCE_SLICES}/{name}")
-
 
 def _generation(item: dict[str, Any]) -> int:
     return int(item["spec"]["pool"]["generation"])

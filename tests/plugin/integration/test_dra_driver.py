@@ -1,0 +1,135 @@
+"""The DRA driver as a subprocess from its CLI, met as the kubelet meets it: over real gRPC on
+its registration and DRAPlugin sockets. No API server answers here (tests/e2e has the real
+one): what the kubelet sees of the driver alone, and how it fails when the API server is
+away."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from plugin.core.sockets import CHANNEL_OPTIONS, grpc_target
+from plugin.dra.api.dra.v1 import api_pb2 as v1
+from plugin.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
+from plugin.dra.api.dra.v1beta1 import api_pb2 as v1beta1
+from plugin.dra.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from plugin.dra.api.pluginregistration.v1 import api_pb2 as reg
+from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from plugin.launch import DRA_DRIVER, DraLaunchSpec, dra_socket, registration_socket
+from tests.plugin.plugin_process import free_port
+from tests.plugin.sysfs_tree import SysfsTree
+
+
+class Driver:
+    def __init__(self, root: Path, tree: SysfsTree) -> None:
+        kubeconfig = root / "kubeconfig"
+        closed = free_port()  # nothing listens: the API server is away
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "clusters": [
+                        {
+                            "name": "c",
+                            "cluster": {
+                                "server": f"https://127.0.0.1:{closed}",
+                                "insecure-skip-tls-verify": True,
+                            },
+                        }
+                    ],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                    "current-context": "x",
+                }
+            )
+        )
+        self.spec = DraLaunchSpec(
+            sysfs_root=tree.sys,
+            dev_root=tree.dev,
+            discovery="sysfs",
+            metrics_address=f"127.0.0.1:{free_port()}",
+            log_level="debug",
+            kubeconfig=kubeconfig,
+            node_name="node-a",
+            plugins_registry_dir=root / "registry",
+            plugins_dir=root / "plugins",
+            cdi_dir=root / "cdi",
+        )
+        self.log = root / "dra.log"
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.spec.command(sys.executable), stdout=log, stderr=log
+            )
+        socket = registration_socket(self.spec.plugins_registry_dir, DRA_DRIVER)
+        for _ in range(200):
+            if socket.exists():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no {socket} within 10 s:\n{self.log.read_text()}")
+
+    async def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.terminate()
+        return await asyncio.wait_for(self.proc.wait(), 10)
+
+
+@pytest.fixture
+async def driver(short_tmp: Path, tree: SysfsTree) -> AsyncIterator[Driver]:
+    d = Driver(short_tmp, tree)
+    await d.start()
+    yield d
+    await d.stop()
+
+
+async def test_the_kubelets_plugin_watcher_learns_who_and_where_the_driver_is(
+    driver: Driver,
+) -> None:
+    path = registration_socket(driver.spec.plugins_registry_dir, DRA_DRIVER)
+    async with grpc.aio.insecure_channel(grpc_target(path), options=CHANNEL_OPTIONS) as channel:
+        info = await reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest(), timeout=5)
+
+    assert info.type == "DRAPlugin"
+    assert info.name == DRA_DRIVER
+    assert info.endpoint == str(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+
+
+async def test_a_claim_that_cannot_be_read_is_an_error_for_that_claim_and_the_driver_serves_on(
+    driver: Driver,
+) -> None:
+    target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
+    claim = {"namespace": "default", "uid": "u-1", "name": "c"}
+    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+        first = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=[v1.Claim(**claim)]), timeout=30
+        )
+        again = await v1beta1_grpc.DRAPluginStub(channel).NodePrepareResources(
+            v1beta1.NodePrepareResourcesRequest(claims=[v1beta1.Claim(**claim)]), timeout=30
+        )
+        gone = await v1_grpc.DRAPluginStub(channel).NodeUnprepareResources(
+            v1.NodeUnprepareResourcesRequest(claims=[v1.Claim(**claim)]), timeout=30
+        )
+
+    for answer in (first, again):
+        assert answer.claims["u-1"].error.startswith("cannot read claim default/c: GET ")
+        assert not answer.claims["u-1"].devices
+    assert gone.claims["u-1"].error == ""  # never prepared: already unprepared
+    assert not list((driver.spec.cdi_dir).glob("*"))
+    assert driver.proc is not None
+    assert driver.proc.returncode is None
+
+
+async def test_a_stop_removes_both_sockets_and_exits_0(driver: Driver) -> None:
+    assert await driver.stop() == 0
+
+    assert not registration_socket(driver.spec.plugins_registry_dir, DRA_DRIVER).exists()
+    assert not dra_socket(driver.spec.plugins_dir, DRA_DRIVER).exists()
