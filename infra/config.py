@@ -195,7 +195,7 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
         elif key in LIST_KEYS:
             try:
                 values[key] = json.loads(value)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # RecursionError: nested too deep
                 problems.append(
                     f"{_key(key)}: not a JSON list (got {described(value)}) {_set(key, '[...]')}"
                 )
@@ -290,6 +290,12 @@ def _cluster(k: Keys) -> tuple[Cluster | None, list[str]]:
     group, problems = _lingjun_group(k)
     network, cidr_problems = _network(k)
     problems += cidr_problems
+    problems += [  # what adopts a cluster means nothing to one being created: said, not ignored
+        f"{_key(key)}: only used with {_key('clusterMode')}: existing "
+        f"(pulumi config rm {_key(key)}), or adopt that cluster {_set('clusterMode', 'existing')}"
+        for key, value in (("clusterId", k.cluster_id), ("kubeconfig", k.kubeconfig))
+        if value is not None
+    ]
     if not 0 <= k.lingjun_node_count <= MAX_NODE_COUNT:
         problems.append(
             f"{_key('lingjunNodeCount')}: {k.lingjun_node_count} is not 0..{MAX_NODE_COUNT} "

@@ -28,11 +28,11 @@ from pathlib import Path
 
 from pulumi import automation as auto
 
-from infra.interrupt import children
+from infra.interrupt import children, descendants
 from infra.keys import PROJECT, PROJECT_DIR, StackConfigError
 from infra.program import main as program_main
-from infra.stackfiles import StackFileError, stack_config
-from plugin.core.terminal import Parser, say
+from infra.stackfiles import StackFileError, stack_config, stack_name
+from plugin.core.terminal import STOPS, Parser, say
 
 ACTIONS = ("preview", "up", "refresh", "destroy")
 
@@ -158,7 +158,9 @@ def check_project(project_dir: Path, stack: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = Parser("python -m infra.deploy", __doc__)
     parser.add_argument("action", choices=ACTIONS)
-    parser.add_argument("--stack", required=True, help="dev, staging, prod or local")
+    parser.add_argument(
+        "--stack", required=True, type=stack_name, help="dev, staging, prod or local"
+    )
     parser.add_argument("--diff", action="store_true", help="show each resource's diff")
     parser.add_argument(
         "--project-dir",
@@ -190,24 +192,65 @@ def main(argv: list[str] | None = None) -> int:
         for line in stderr[-_STDERR_LINES:]:
             say(line)
         return 1
-    except KeyboardInterrupt:
-        say(
-            f"deploy: {args.action} --stack {args.stack}: if the stack stays locked, "
-            "`pulumi cancel` releases it"
-        )
-        raise
     return 0
+
+
+_stops = 0
 
 
 def pass_on(signum: int) -> None:
     """A stop signal that reached only this process (a SIGTERM, a SIGHUP, a `kill -INT`): the
     `pulumi` it runs gets the SIGINT a Ctrl-C would have sent it (it cancels the operation
     cleanly), not left running unsupervised. A Ctrl-C at the terminal reached it already: a
-    second one would make it stop at once, leaving the stack locked."""
-    if signum != signal.SIGINT or not _from_terminal():
-        for child in children():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGINT)
+    second one would make it stop at once, leaving the stack locked. Said at once, since the
+    cancel may take minutes (a cluster being created finishes its step); a second stop signal
+    kills what still runs."""
+    global _stops
+    _stops += 1
+    running = children()
+    if _stops > 1:
+        _kill_pulumi()
+    elif running:
+        if signum != signal.SIGINT or not _from_terminal():
+            for child in running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGINT)
+        say(
+            "deploy: asked `pulumi` to cancel; waiting for it to end (a second signal kills "
+            "it, which may leave the stack locked: `pulumi cancel` releases it)"
+        )
+        _watch_for_a_second_stop()
+
+
+_killed = threading.Event()
+
+
+def _kill_pulumi() -> None:
+    """All of it: what pulumi started holds its output open, and deploy reads to its end."""
+    if _killed.is_set():
+        return
+    _killed.set()
+    for pid in descendants():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    say("deploy: killed `pulumi`")
+
+
+def _watch_for_a_second_stop() -> None:
+    """Python runs signal handlers in the main thread only, and the Automation API may block it
+    where no handler can run (closing a pipe another thread reads): the C-level handler's
+    wakeup fd reaches a thread of ours instead."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end)
+    stops = {int(s) for s in STOPS}
+
+    def watch() -> None:
+        while not _killed.is_set():
+            if any(b in stops for b in os.read(read_end, 64)):
+                _kill_pulumi()
+
+    threading.Thread(target=watch, name="second-stop", daemon=True).start()
 
 
 def _from_terminal() -> bool:

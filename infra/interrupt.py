@@ -52,10 +52,16 @@ def guard(main: Callable[[], int], *, on_signal: Callable[[int], None] | None = 
         code = main()
     except KeyboardInterrupt:
         code = -1
-    # From here on a signal changes nothing: Python puts the default handlers back while it
-    # shuts down (Pulumi's threads make that take a while), and one then would kill the run.
+
+    # From here on a signal raises nothing: Python waits for the threads of the run (Pulumi's
+    # read a child's output to its end) before it exits, and an exception would break that.
+    # `on_signal` still runs: a second stop signal while a child is cancelling must reach it.
+    def at_exit(signum: int, frame: object) -> None:
+        if on_signal is not None:
+            on_signal(signum)
+
     for sig in STOPS:
-        signal.signal(sig, signal.SIG_IGN)
+        signal.signal(sig, at_exit)
     if _received is not None and code != 128 + _received:
         _say(_received)
         code = 128 + _received
@@ -76,10 +82,10 @@ def deferred() -> Generator[None]:
         raise KeyboardInterrupt
 
 
-def children() -> list[int]:
-    """This process's child processes (from /proc: no library needed)."""
+def children(pid: int | None = None) -> list[int]:
+    """The child processes of `pid` (default: this one), from /proc: no library needed."""
+    parent = os.getpid() if pid is None else pid
     found: list[int] = []
-    me = os.getpid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -88,8 +94,19 @@ def children() -> list[int]:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == me:
+        if ppid == parent:
             found.append(int(entry))
+    return found
+
+
+def descendants() -> list[int]:
+    """Every process this one started, and every one they started (plugins, shells' jobs)."""
+    found: list[int] = []
+    todo = children()
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children(pid)
     return found
 
 

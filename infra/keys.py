@@ -13,7 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr
 from pydantic.alias_generators import to_camel
 
 from infra.jobs import SAMPLES
-from plugin.core.userfiles import described, shown
+from plugin.core.userfiles import described, unknown_key
 
 PROJECT = "lingjun-rdma"
 PROJECT_DIR = Path(__file__).resolve().parent.parent  # Pulumi.yaml, stacks/
@@ -132,12 +132,19 @@ def unknown_key_problems(keys: Iterable[str]) -> list[str]:
     """A line per key of the namespace that this project does not know (a misspelling)."""
     prefix = f"{PROJECT}:"
     unknown = sorted({k.removeprefix(prefix) for k in keys if k.startswith(prefix)} - KNOWN_KEYS)
-    named = {k: qualified(k) if len(k) <= 80 else shown(k) for k in unknown}
-    return [
-        f"{name}: unknown key: fix its spelling or remove it (pulumi config rm {name}); "
-        f"known keys: {', '.join(sorted(KNOWN_KEYS))}"
-        for name in named.values()
-    ]
+    problems: list[str] = []
+    for key in unknown:
+        name, fix = unknown_key(key, KNOWN_KEYS)
+        if name == key:  # a misspelling: named, with the command that removes it
+            problems.append(
+                f"{qualified(key)}: unknown key: {fix} (pulumi config rm {qualified(key)})"
+            )
+        else:
+            problems.append(
+                f"{PROJECT}: {name}: unknown key: {fix} (`pulumi config` lists the stack's keys; "
+                f"known keys: {', '.join(sorted(KNOWN_KEYS))})"
+            )
+    return problems
 
 
 def describe(error: Any) -> str:

@@ -43,7 +43,7 @@ from infra.offline import (
     object_id,
     run_program,
 )
-from infra.stackfiles import StackFileError, stack_config
+from infra.stackfiles import StackFileError, stack_config, stack_name
 from plugin.config import ConfigError
 from plugin.core.terminal import Parser, say
 from plugin.core.userfiles import MAX_FILE_BYTES, UnreadableError, read_text, shown
@@ -259,7 +259,9 @@ def _remove_render(directory: Path) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser("python -m infra.render", __doc__)
-    parser.add_argument("--stack", required=True, help="dev, staging, prod or local")
+    parser.add_argument(
+        "--stack", required=True, type=stack_name, help="dev, staging, prod or local"
+    )
     parser.add_argument("--out", type=Path, required=True, help="directory to (re)write")
     parser.add_argument(
         "--set",

@@ -3,6 +3,7 @@ defaults, then stacks/Pulumi.<stack>.yaml, then KEY=VALUE overrides (mocks read 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -10,8 +11,15 @@ from pathlib import Path
 from typing import Any, cast
 
 from infra.credentials import CREDENTIAL_KEYS, SECRET
-from infra.keys import PROJECT, PROJECT_DIR, StackConfigError, unknown_key_problems
-from plugin.core.userfiles import ParseError, UnreadableError, parse_yaml, read_text, shown
+from infra.keys import LIST_KEYS, PROJECT, PROJECT_DIR, StackConfigError, unknown_key_problems
+from plugin.core.userfiles import (
+    ParseError,
+    UnreadableError,
+    described,
+    parse_yaml,
+    read_text,
+    unknown_key,
+)
 
 
 class StackFileError(ValueError):
@@ -22,12 +30,20 @@ class StackFileError(ValueError):
 _STACK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 
 
+_STACK_NAME_RULE = "a stack name is 1-100 letters, digits, '_', '.' or '-'"
+
+
+def stack_name(text: str) -> str:
+    """--stack, checked as the CLIs parse it (argparse type): the name prefixes their lines."""
+    if not _STACK_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{described(text)}: {_STACK_NAME_RULE}")
+    return text
+
+
 def find_stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> Path:
     """stacks/Pulumi.<stack>.yaml, or StackFileError naming the stacks there are."""
     if not _STACK_NAME.fullmatch(stack):
-        raise StackFileError(
-            f"--stack {shown(stack)}: a stack name is 1-100 letters, digits, '_', '.' or '-'"
-        )
+        raise StackFileError(f"--stack {described(stack)}: {_STACK_NAME_RULE}")
     path = project_dir / "stacks" / f"Pulumi.{stack}.yaml"
     if not os.path.lexists(path):  # one that exists but cannot be read is said by the reader
         known = sorted(p.name.split(".")[1] for p in (project_dir / "stacks").glob("Pulumi.*.yaml"))
@@ -52,7 +68,14 @@ def stack_config(
             config[_qualify(key)] = _as_config_string(
                 declared.get("value", declared.get("default"))
             )
+    in_file: set[str] = set()
     for key, value in values.items():
+        if _qualify(key) in in_file:  # `region` and `lingjun-rdma:region`: one key
+            raise StackFileError(
+                f"{stack_file.name}: {_qualify(key)} is given twice (with and without its "
+                "namespace): keep one"
+            )
+        in_file.add(_qualify(key))
         if isinstance(value, dict) and "secure" in value:
             if key.removeprefix(f"{PROJECT}:") not in CREDENTIAL_KEYS:
                 raise StackFileError(
@@ -63,6 +86,13 @@ def stack_config(
             # the render shows where a secret goes, never its value
             config[_qualify(key)] = SECRET
             secret_keys.append(_qualify(key))
+        elif key.removeprefix(f"{PROJECT}:") in LIST_KEYS and not isinstance(value, list | None):
+            # Pulumi.yaml types it array<string>: the CLI refuses anything else
+            raise StackFileError(
+                f"{stack_file.name}: {_qualify(key)}: {described(cast(object, value))}, not a "
+                'YAML list: write it as one, e.g. ["a", "b"] (pulumi config set --path '
+                f"'{_qualify(key)}[0]' a)"
+            )
         else:
             config[_qualify(key)] = _as_config_string(value)
     overridden: set[str] = set()
@@ -112,9 +142,10 @@ def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
     top = cast(dict[object, Any], doc)
     stray = [k for k in top if not project and k not in _STACK_FILE_KEYS]
     if stray:
+        name, fix = unknown_key(stray[0], _STACK_FILE_KEYS)
         raise StackFileError(
-            f"{where}: unknown top-level key {shown(stray[0])}: the stack's settings go under "
-            "`config:`"
+            f"{where}: unknown top-level key, {name}: {fix} (the stack's settings go under "
+            "`config:`)"
         )
     config: Any = top.get("config") or {}
     if not isinstance(config, dict):
@@ -123,7 +154,7 @@ def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
     for key in cast(dict[object, Any], config):
         if not isinstance(key, str) or not _CONFIG_KEY.fullmatch(key):
             raise StackFileError(
-                f"{where}: config key {shown(key)} is not a key (region, or namespace:key)"
+                f"{where}: config key {described(key)} is not a key (region, or namespace:key)"
             )
     return cast(dict[str, Any], config)
 

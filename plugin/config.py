@@ -18,7 +18,7 @@ from plugin.core.userfiles import (
     described,
     parse_yaml,
     read_text,
-    shown,
+    unknown_key,
 )
 
 DEFAULT_RESOURCE_NAME = "rdma/hca"
@@ -90,9 +90,9 @@ def check_resource_name(resource_name: str) -> None:
     if not sep or not prefix or not name:
         why = "not <prefix>/<name>"
     elif len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
-        why = "its prefix is not a DNS subdomain"
+        raise ConfigError("its prefix is not a DNS subdomain", field="prefix", fix=fix)
     elif prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
-        why = "the kubernetes.io domain is reserved"
+        raise ConfigError("the kubernetes.io domain is reserved", field="prefix", fix=fix)
     elif len(name) > 63 or not _NAME_PART.match(name):
         why = (
             "its name must be 1-63 letters, digits, '-', '_' or '.', starting and "
@@ -283,9 +283,7 @@ class _Reader:
             elif isinstance(key, str) and _camel(key) in names:
                 self._fail((*loc, key), "unknown key", f"the file spells it {_camel(key)}")
             else:
-                label = "(a null key)" if key is None else key if isinstance(key, str) else None
-                where = label if label is not None and len(label) <= 80 else shown(key)
-                fix = "remove it or fix its spelling"
+                where, fix = unknown_key(key, names)
                 self._fail((*loc, where), "unknown key", fix, remove=True)
         return read
 

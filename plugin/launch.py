@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal, TypeVar, get_args
 
 from plugin.core.terminal import Parser
-from plugin.core.userfiles import decimal
+from plugin.core.userfiles import decimal, described
 
 # The programs, each run as `python -m MODULE`.
 DEVICE_PLUGIN_MODULE = "plugin.deviceplugin"
@@ -241,7 +241,9 @@ def parse(
     try:
         return spec_type(**values)
     except LaunchError as exc:
-        parser.error(f"{_flag(exc.field)} {values[exc.field]}: {exc.why}")
+        value = values[exc.field]  # a number is said; text may be a secret typed in the wrong flag
+        said = str(value) if isinstance(value, float) else described(value)
+        parser.error(f"{_flag(exc.field)} {said}: {exc.why}")
 
 
 Family = Literal["ipv6", "ipv4"]

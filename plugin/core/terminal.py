@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import signal
 import sys
 from typing import TYPE_CHECKING, NoReturn
@@ -20,6 +21,8 @@ def say(line: str) -> None:
         with contextlib.suppress(OSError):
             print(line, file=sys.stderr, flush=True)
 
+
+_ARGPARSE_QUOTED = re.compile(r"(invalid [a-z_]+ value|invalid choice): '.*?'(?= \(choose|$)", re.S)
 
 # The signals that ask a program to stop.
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -58,8 +61,9 @@ class Parser(argparse.ArgumentParser):
             sys.exit(1)
 
     def error(self, message: str) -> NoReturn:
-        # argparse quotes what it did not expect: with `--set KEY VALUE` typed for KEY=VALUE,
-        # that is the value, which may be a password
+        """One line, `prog: error: ...` (no usage block: `--help` has it), and no value quoted
+        back: a password typed into the wrong flag, or `--set KEY VALUE` typed for KEY=VALUE,
+        would be echoed."""
         if message.startswith("unrecognized arguments:"):
             count = len(message.split(":", 1)[1].split())
             message = (
@@ -67,7 +71,10 @@ class Parser(argparse.ArgumentParser):
                 "each flag takes its value after '=' or as the next argument, e.g. "
                 "--set KEY=VALUE"
             )
-        super().error(message)
+        else:  # argparse's "invalid float value: 'x'", "invalid choice: 'x' (choose from ...)"
+            message = _ARGPARSE_QUOTED.sub(r"\1", message)
+        say(f"{self.prog}: error: {message} (--help lists the flags)")
+        sys.exit(2)
 
     def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         if message:

@@ -5,6 +5,7 @@ memory, or have one of two values win silently."""
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import json
 import os
@@ -12,6 +13,7 @@ import re
 import reprlib
 import stat
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -312,3 +314,14 @@ def write_atomically(path: Path, text: str) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def unknown_key(key: object, known: Iterable[str]) -> tuple[str, str]:
+    """How a refusal names a key it does not know, and its fix. A key close to a known one is
+    a misspelling: named, with the known one. Any other is described, never quoted: what was
+    typed where a key goes may be a value, a secret among them."""
+    if isinstance(key, str):
+        close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
+        if close:
+            return key, f"did you mean {close[0]}?"
+    return f"a key that is {described(key)}", "remove it or fix its spelling"

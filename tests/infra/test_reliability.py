@@ -550,10 +550,13 @@ def _project_copy(tmp_path: Path, stack_file: str) -> Path:
 @pytest.mark.parametrize(
     ("stack_file", "said"),
     [
-        ("config:\n  123: x\n", "config key 123 is not a key"),
-        ("config:\n  ~: y\n", "config key None is not a key"),
-        ("confg:\n  lingjun-rdma:region: cn-wulanchabu\n", "unknown top-level key 'confg'"),
-        ("nothing: here\n", "unknown top-level key 'nothing'"),
+        ("config:\n  123: x\n", "config key a number is not a key"),
+        ("config:\n  ~: y\n", "config key nothing is not a key"),
+        (
+            "confg:\n  lingjun-rdma:region: cn-wulanchabu\n",
+            "unknown top-level key, confg: did you mean config?",
+        ),
+        ("nothing: here\n", "unknown top-level key, a key that is text of 7 characters: remove"),
     ],
 )
 def test_a_stack_file_of_the_wrong_shape_is_one_line(
@@ -719,3 +722,104 @@ def test_unrecognized_arguments_are_refused_without_being_echoed(tmp_path: Path)
     assert done.returncode == 2
     assert "1 argument(s) it does not take (not quoted back" in done.stderr
     assert SENTINEL not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [
+        ("plugin.deviceplugin", ("--discovery", SENTINEL)),
+        ("plugin.deviceplugin", ("--rescan-interval", SENTINEL)),
+        ("plugin.deviceplugin", ("--metrics-address", SENTINEL)),
+        ("plugin.podenv", ("--hcas", "mlx5_0", "--family", SENTINEL)),
+        ("infra.deploy", (SENTINEL, "--stack", "dev")),
+        ("infra.render", ("--stack", f"{SENTINEL}!", "--out", "out")),
+    ],
+    ids=["choice", "float", "launch-spec", "podenv-choice", "deploy-action", "stack-name"],
+)  # fmt: skip
+def test_a_bad_flag_value_is_one_line_that_does_not_quote_it(
+    tmp_path: Path, module: str, args: tuple[str, ...]
+) -> None:
+    done = _cli(module, *args, cwd=tmp_path)
+
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.endswith("(--help lists the flags)")
+    assert SENTINEL not in done.stderr
+
+
+def test_a_list_nested_too_deep_in_set_is_one_line(tmp_path: Path) -> None:
+    deep = "[" * 5000 + "]" * 5000
+
+    done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--set=zoneIds={deep}",
+                cwd=tmp_path)  # fmt: skip
+
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert "lingjun-rdma:zoneIds: not a JSON list (got text of 10000 characters)" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("stack_file", "said"),
+    [
+        ("config:\n  lingjun-rdma:region: cn-a\n  region: cn-b\n",
+         "lingjun-rdma:region is given twice (with and without its namespace): keep one"),
+        ("config:\n  lingjun-rdma:zoneIds: '[\"cn-a\"]'\n",
+         "lingjun-rdma:zoneIds: text of 8 characters, not a YAML list"),
+        (f"config:\n  lingjun-rdma:{SENTINEL}: x\n",
+         "lingjun-rdma: a key that is text of 10 characters: unknown key"),
+    ],
+    ids=["key-twice", "list-as-text", "unknown-key-not-quoted"],
+)  # fmt: skip
+def test_a_stack_file_the_cli_would_read_otherwise_is_refused(
+    tmp_path: Path, stack_file: str, said: str
+) -> None:
+    project = _project_copy(tmp_path, stack_file)
+
+    with pytest.raises((StackFileError, StackConfigError)) as refused:
+        stack_config("x", project_dir=project)
+
+    assert said in str(refused.value)
+    assert SENTINEL not in str(refused.value)
+
+
+def test_an_adopted_clusters_keys_on_a_stack_that_creates_one_are_refused(tmp_path: Path) -> None:
+    done = _cli("infra.render", "--stack", "dev", "--out", "out", "--set=clusterId=c123",
+                cwd=tmp_path)  # fmt: skip
+
+    assert done.returncode == 1
+    assert "lingjun-rdma:clusterId: only used with lingjun-rdma:clusterMode: existing" in (
+        done.stderr
+    )
+
+
+def test_a_stop_during_the_engine_is_said_at_once_and_a_second_stop_kills_it(
+    tmp_path: Path,
+) -> None:
+    # a `pulumi` whose operation ignores the SIGINT it is sent (a step that must finish)
+    script = (
+        '#!/bin/sh\nif [ "$1" = version ]; then echo v3.277.0; exit 0; fi\n'
+        "trap '' INT\nsleep 300 & wait\n"
+    )
+    path = _fake_pulumi(tmp_path / "bin", script)
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path}
+    with subprocess.Popen(
+        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as proc:  # fmt: skip
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        try:
+            assert "the engine's output follows" in proc.stdout.readline()
+            time.sleep(1)  # into the engine's first command
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(2)
+            assert proc.poll() is None  # waiting for pulumi to cancel, as it should
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=30)
+        finally:
+            proc.kill()
+        stderr = proc.stderr.read()
+
+    assert code == 128 + signal.SIGTERM, stderr
+    assert "deploy: asked `pulumi` to cancel; waiting for it to end" in stderr
+    assert "deploy: killed `pulumi`" in stderr

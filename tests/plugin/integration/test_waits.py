@@ -345,7 +345,7 @@ async def test_a_kubelet_restarted_after_a_long_stream_is_registered_with_at_onc
     await kubelet.restart()  # kubelet.sock made again: a new kubelet, no hold-off
     await kubelet.wait_registrations(2)
 
-    assert "ended ListAndWatch" not in plugin.output()
+    assert "after the Register (under" not in plugin.output()
 
 
 async def test_a_device_plugins_dir_with_percent_and_space_in_its_name_is_served(

@@ -35,7 +35,7 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"pool": []}, "pool: unknown key: remove it or fix its spelling"),
+        ({"pool": []}, "pool: unknown key: did you mean pools?"),
         (
             {"pools": [{"name": "a", "maxAllocations": "many"}]},
             "pools[0].maxAllocations: not a whole number (got text of 4 characters): fix this "
@@ -59,7 +59,7 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
         ),
         (
             {"pools": [{"name": "a", "prefix": "Bad_Domain"}]},
-            "pools[0].name: its prefix is not a DNS subdomain: use <domain>/<name>",
+            "pools[0].prefix: its prefix is not a DNS subdomain: use <domain>/<name>",
         ),
         ({"pools": [{"name": "-a"}]}, "pools[0].name: its name must be 1-63 letters"),
         (
@@ -110,7 +110,7 @@ def test_every_problem_is_reported_at_once_with_its_location() -> None:
 
     assert [str(p) for p in err.value.problems] == [
         "nonHostNetwork: not true or false (got a number): fix this value",
-        "pools[0].selectr: unknown key: remove it or fix its spelling",
+        "pools[0].selectr: unknown key: did you mean selector?",
         "pools[0].mode: not one of shared, exclusive (got text of 4 characters): fix this value",
     ]
 
