@@ -58,7 +58,9 @@ class Peers:
     kubectl: Path
     pause: Path
     etcd: Path
+    # built too: containerd 2 (it applies CDI devices; Debian's 1.6 ignores them), its shim, ctr
     containerd: Path
+    containerd_shim: Path
     ctr: Path
     busybox: Path
     runc: Path
@@ -68,7 +70,10 @@ class Peers:
         """The peers, or a sentence naming the missing one."""
         bin_dir = os.environ.get("LINGJUN_E2E_BIN")
         if not bin_dir:
-            return "LINGJUN_E2E_BIN (kubelet, kube-apiserver, kubectl, pause: run `make e2e`)"
+            return (
+                "LINGJUN_E2E_BIN (kubelet, kube-apiserver, kubectl, pause, containerd: "
+                "run `make e2e`)"
+            )
         built = Path(bin_dir)
         paths = {
             "kubelet": built / "kubelet",
@@ -77,15 +82,20 @@ class Peers:
             "scheduler": built / "kube-scheduler",
             "kubectl": built / "kubectl",
             "pause": built / "pause",
+            "containerd": built / "containerd",
+            "containerd_shim": built / "containerd-shim-runc-v2",
+            "ctr": built / "ctr",
         }
-        for name in ("etcd", "containerd", "ctr", "busybox", "runc"):
+        for name in ("etcd", "busybox", "runc"):
             found = shutil.which(name)
             paths[name] = Path(found) if found else Path("/nonexistent") / name
         paths_checked = {**paths, "CNI bridge plugin": CNI_BIN / "bridge"}
         for name, path in paths_checked.items():
             if not os.access(path, os.X_OK):
+                if path.parent == built:
+                    return f"{name} ({path}: run tests/e2e/build_k8s.sh)"
                 return (
-                    f"{name} ({path}: apt-get install containerd runc etcd-server busybox-static "
+                    f"{name} ({path}: apt-get install runc etcd-server busybox-static "
                     "containernetworking-plugins)"
                 )
         return Peers(**paths)
@@ -251,30 +261,40 @@ class Cluster:
         (cni / "conf" / "10-e2e.conflist").write_text(json.dumps(self._pod_network(cni)))
         config = ctd / "config.toml"
         config.parent.mkdir()
+        # containerd 2's config (version 3): the CRI's image and runtime parts are plugins of
+        # their own. NRI off: it would listen on the host's /var/run/nri/nri.sock.
+        runtimes = "plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes"
         config.write_text(
-            f"""version = 2
+            f"""version = 3
 root = "{ctd / "root"}"
 state = "{ctd / "state"}"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper"]
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.nri.v1.nri"]
 [grpc]
   address = "{self.containerd_sock}"
-[plugins."io.containerd.internal.v1.opt"]
+[plugins.'io.containerd.internal.v1.opt']
   path = "{ctd / "opt"}"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+[plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
   # pod sandboxes' netns mounts under the run's state dir: teardown's unmount frees them
   netns_mounts_under_state_dir = true
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{CNI_BIN}"
+  # the CRI's CDI device names (a DRA driver's claims) resolved against these dirs' specs
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{CNI_BIN}"]
     conf_dir = "{cni / "conf"}"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [{runtimes}.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      # the shim built with this containerd, not whichever one PATH has (Debian's 1.6)
+      runtime_path = "{self.peers.containerd_shim}"
+      [{runtimes}.runc.options]
         SystemdCgroup = false
         BinaryName = "{self._runc()}"
 """

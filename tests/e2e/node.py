@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
-from plugin.launch import LaunchSpec
-from tests.e2e.cluster import DEVICE_PLUGIN_DIR
+from plugin.launch import DEFAULT_CDI_DIR, DraLaunchSpec, LaunchSpec
+from tests.e2e.cluster import DEVICE_PLUGIN_DIR, NODE
 from tests.e2e.procs import Proc, eventually
 from tests.plugin.plugin_process import free_port
 from tests.plugin.sysfs_tree import SysfsTree, two_mlx5
+
+CDI_DIR = DEFAULT_CDI_DIR  # where containerd 2 reads CDI specs (its default)
 
 REPO = Path(__file__).resolve().parents[2]
 SOCKET = DEVICE_PLUGIN_DIR / "lingjun-rdma-rdma_hca.sock"
@@ -94,3 +98,76 @@ class Plugin:
 
     def running(self) -> bool:
         return self.proc.running()
+
+
+DRA_CONFIG = """
+version: v1
+pools:
+  - {name: hca, maxAllocations: 4, selector: {ibdevs: ["mlx5_[01]"]}}
+  - {name: nic, mode: exclusive, selector: {ibdevs: ["mlx5_[23]"]}}
+"""
+# The fixture's PCIe roots: a shared pair and an exclusive pair, one of each under each root
+PCIE_ROOTS = {"mlx5_0": "pci0000:17", "mlx5_1": "pci0000:97",
+              "mlx5_2": "pci0000:17", "mlx5_3": "pci0000:97"}  # fmt: skip
+
+
+class DraDriver:
+    """`python -m plugin.dra` as the DaemonSet would run it, on a four-HCA fixture node (two
+    shared, two exclusive, under two PCIe roots), registered with the cluster's kubelet."""
+
+    def __init__(self, root: Path, logs: Path, kubelet_root: Path, kubeconfig: Path) -> None:
+        self.root = root
+        self.tree = SysfsTree(root / "dra-node").rdma_cm()
+        for i, (name, pcie_root) in enumerate(PCIE_ROOTS.items()):
+            self.tree.add_pci_hca(
+                name, pci=f"0000:{0x1A + i:02x}:00.0", numa=i // 2, pcie_root=pcie_root
+            )
+        self.dev_numbers = make_char_devices(self.tree)
+        self.config = root / "dra.yaml"
+        self.config.write_text(DRA_CONFIG)
+        self.metrics_port = free_port()
+        self.spec = DraLaunchSpec(
+            config=self.config,
+            sysfs_root=self.tree.sys,
+            dev_root=self.tree.dev,
+            discovery="sysfs",
+            rescan_interval=0.5,
+            metrics_address=f"127.0.0.1:{self.metrics_port}",
+            log_level="debug",
+            kubeconfig=kubeconfig,
+            node_name=NODE,
+            plugins_registry_dir=kubelet_root / "plugins_registry",
+            plugins_dir=kubelet_root / "plugins",
+            cdi_dir=CDI_DIR,
+        )
+        self.proc = Proc("dra-driver", self.spec.command(sys.executable), logs / "dra.log", REPO)
+        self.made_cdi_dir = not CDI_DIR.exists()  # the host's: removed after, if we made it
+
+    def start(self) -> None:
+        self.proc.start()
+
+        def registered() -> bool:
+            self.proc.check_alive()
+            url = f"http://127.0.0.1:{self.metrics_port}/healthz"
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    return resp.status == 200
+            except urllib.error.HTTPError:
+                return False
+
+        eventually(registered, 60, "the kubelet to register the DRA driver")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int | None:
+        return self.proc.stop(sig)
+
+    def running(self) -> bool:
+        return self.proc.running()
+
+    def close(self) -> None:
+        self.stop()
+        if self.made_cdi_dir:
+            with contextlib.suppress(OSError):  # not empty: left for whoever else wrote there
+                CDI_DIR.rmdir()
+
+    def cdi_specs(self) -> list[Path]:
+        return sorted(CDI_DIR.glob(f"{self.spec.driver_name}-*.json"))

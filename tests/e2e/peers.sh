@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The real cluster's peers, for `make e2e` and `make engine`: the Debian packages (their services
-# are not started: a run starts private instances) and the Kubernetes programs built from the Go
-# module proxy (build_k8s.sh, cached). Prints the bin directory of the built ones (last line).
+# are not started: a run starts private instances) and the Kubernetes programs and containerd 2
+# built from the Go module proxy (build_k8s.sh, cached). Prints the bin directory of the built
+# ones (last line).
 set -euo pipefail
 cd "$(dirname "$0")"
-packages=(containerd runc etcd-server busybox-static containernetworking-plugins)
+packages=(runc etcd-server busybox-static containernetworking-plugins)
 missing=$(for p in "${packages[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null \
   | grep -q 'ok installed' || echo "$p"; done)
 if [ -n "$missing" ]; then

@@ -7,7 +7,7 @@ from typing import Any
 
 from tests.e2e.cluster import BUSYBOX_IMAGE, NODE
 from tests.e2e.kube import Api
-from tests.e2e.node import Plugin
+from tests.e2e.node import DraDriver, Plugin
 from tests.e2e.procs import eventually
 
 RESOURCE = "rdma/hca"
@@ -78,6 +78,12 @@ def run_listing_pod(api: Api, pods: list[str], name: str) -> tuple[dict[str, str
     """Start a pod asking one HCA; return the device nodes its container sees and its env."""
     pods.append(name)
     api.create_pod(pod_manifest(name, 1, LISTING))
+    return read_listing(api, name)
+
+
+def read_listing(api: Api, name: str, timeout: float = 90) -> tuple[dict[str, str], str]:
+    """The device nodes a pod running LISTING sees (name -> major:minor in hex), and the HCAs
+    its env names."""
 
     def listed() -> str | None:
         status = api.pod(name)["status"]
@@ -88,7 +94,7 @@ def run_listing_pod(api: Api, pods: list[str], name: str) -> tuple[dict[str, str
         log = api.pod_log(name)
         return log if "listed" in log.splitlines() else None
 
-    log = eventually(listed, 90, f"pod {name} running and listing /dev/infiniband")
+    log = eventually(listed, timeout, f"pod {name} running and listing /dev/infiniband")
     seen: dict[str, str] = {}
     hcas = ""
     for line in log.splitlines():
@@ -100,8 +106,8 @@ def run_listing_pod(api: Api, pods: list[str], name: str) -> tuple[dict[str, str
     return seen, hcas
 
 
-def hex_numbers(plugin: Plugin, names: list[str]) -> dict[str, str]:
-    return {n: "{:x}:{:x}".format(*plugin.dev_numbers[n]) for n in names}
+def hex_numbers(node: Plugin | DraDriver, names: list[str]) -> dict[str, str]:
+    return {n: "{:x}:{:x}".format(*node.dev_numbers[n]) for n in names}
 
 
 def container_id(api: Api, name: str, ns: str = "default") -> str:

@@ -4,6 +4,9 @@
 package tools
 
 import (
+	_ "github.com/containerd/containerd/v2/cmd/containerd"
+	_ "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
+	_ "github.com/containerd/containerd/v2/cmd/ctr"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
