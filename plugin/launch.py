@@ -67,6 +67,11 @@ def socket_name(resource_name: str) -> str:
     return "lingjun-rdma-" + resource_name.replace("/", "_") + ".sock"
 
 
+def cdi_spec_name(resource_name: str) -> str:
+    """The device plugin's CDI spec file for one resource, in the CDI dir."""
+    return "lingjun-rdma-" + resource_name.replace("/", "_") + ".json"
+
+
 DiscoveryKind = Literal["auto", "verbs", "sysfs"]
 # Seconds between periodic scans: shorter keeps a core re-reading sysfs (hundreds of GID files
 # per port), longer is no backstop at all.
@@ -143,6 +148,9 @@ class LaunchSpec(CoreSpec):
     """How one device plugin process runs."""
 
     device_plugin_dir: Path = DEFAULT_DEVICE_PLUGIN_DIR
+    # None: Allocate answers with device nodes (every runtime); a dir: with CDI devices whose
+    # spec it writes there (containerd 1.7+ with CDI on, which 2.x is by default)
+    cdi_dir: Path | None = None
 
     module = DEVICE_PLUGIN_MODULE
 
@@ -197,7 +205,8 @@ _HELP = {
     "metrics_address": "HOST:PORT for /metrics and /healthz; empty disables",
     "kubeconfig": "API server credentials (default: the pod's service account)",
     "node_name": f"this node's name (default: ${NODE_NAME_ENV})",
-    "cdi_dir": "where the container runtime reads CDI specs",
+    "cdi_dir": "where the container runtime reads CDI specs (device plugin: unset, device "
+    "nodes in Allocate's answer; set, CDI devices)",
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "discovery": get_args(DiscoveryKind),

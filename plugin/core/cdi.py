@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 from plugin.core.pool import Allocation
 from plugin.core.userfiles import write_atomically
@@ -56,3 +57,33 @@ def write_spec(cdi_dir: Path, file_name: str, content: Mapping[str, object]) -> 
     """Written whole or not at all: a runtime may read the dir at any moment."""
     cdi_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(cdi_dir / file_name, json.dumps(content, indent=1, sort_keys=True))
+
+
+class SpecFile:
+    """One spec file whose devices are added as they are handed out and kept: a runtime
+    resolves a CDI device again whenever it re-creates a container (a restart in the pod), so a
+    name given out must resolve for as long as the file exists, across restarts of ours too
+    (the devices of the file found at start are kept)."""
+
+    def __init__(self, cdi_dir: Path, file_name: str, kind: str) -> None:
+        self.cdi_dir = cdi_dir
+        self.file_name = file_name
+        self.kind = kind
+        self._devices: dict[str, object] = {}
+        try:
+            found = json.loads((cdi_dir / file_name).read_text())
+            if found.get("kind") == kind:
+                self._devices = {d["name"]: d for d in found["devices"]}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # none yet, or not one we can extend: written anew
+
+    def add(self, name: str, allocation: Allocation) -> str:
+        """The device's fully qualified ID, its edits in the file first."""
+        (entry,) = cast(list[object], spec(self.kind, {name: allocation})["devices"])
+        if self._devices.get(name) != entry:
+            self._devices[name] = entry
+            content = {"cdiVersion": CDI_VERSION, "kind": self.kind}
+            write_spec(
+                self.cdi_dir, self.file_name, {**content, "devices": [*self._devices.values()]}
+            )
+        return device_id(self.kind, name)

@@ -91,9 +91,11 @@ def _acquire(plugin_dir: Path, poll: float = 1.0) -> socket.socket:
                 waiting_for = other
             time.sleep(poll)
             continue
-        lock.listen(8)
+        # Room for many waiters' questions while the accepting thread waits for its turn (a
+        # loaded node can keep it from running for seconds)
+        lock.listen(128)
         # Each waiter asks who holds the lock by connecting: accept and drop those connections,
-        # or after a few the backlog is full and the next waiter's connect blocks for good.
+        # or once the backlog is full the next waiter's connect blocks for good.
         threading.Thread(target=_answer, args=(lock,), name="instance-lock", daemon=True).start()
         if waiting_for is not None:
             other = f"pid {waiting_for}" if waiting_for else "the other instance"

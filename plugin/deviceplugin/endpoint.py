@@ -13,6 +13,7 @@ import grpc
 
 from plugin.config import Pool
 from plugin.core import pool as policy
+from plugin.core.cdi import SpecFile
 from plugin.core.metrics import Metrics
 from plugin.core.sockets import (
     CHANNEL_OPTIONS,
@@ -43,9 +44,16 @@ class Endpoint:
     """One pool's plugin socket, its grpc server and servicer, and its registration loop: the
     only writer of all of them. It starts with no device; `update` gives it each scan."""
 
-    def __init__(self, pool: Pool, dev_root: Path, plugin_dir: Path, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        dev_root: Path,
+        plugin_dir: Path,
+        metrics: Metrics,
+        cdi: SpecFile | None = None,
+    ) -> None:
         empty = policy.build_view(pool, (), rdma_cm=False)
-        self._servicer = DevicePluginServicer(empty, dev_root, metrics, streams=self)
+        self._servicer = DevicePluginServicer(empty, dev_root, metrics, streams=self, cdi=cdi)
         self.path = plugin_dir / socket_name(pool.resource_name)  # length checked by the CLI
         self.metrics = metrics
         self.kubelet = plugin_dir / KUBELET_SOCKET

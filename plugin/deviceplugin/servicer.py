@@ -11,6 +11,7 @@ from typing import Protocol
 import grpc
 
 from plugin.core import pool as policy
+from plugin.core.cdi import CdiError, SpecFile
 from plugin.core.metrics import Metrics
 from plugin.core.userfiles import shown
 from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
@@ -35,10 +36,16 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     """Serves one pool. `update` pushes a new scan; streams see every change at once."""
 
     def __init__(
-        self, view: policy.PoolView, dev_root: Path, metrics: Metrics, streams: Streams
+        self,
+        view: policy.PoolView,
+        dev_root: Path,
+        metrics: Metrics,
+        streams: Streams,
+        cdi: SpecFile | None = None,
     ) -> None:
         self.view = view
         self.dev_root = dev_root
+        self.cdi = cdi
         self.metrics = metrics
         self.streams = streams
         self.resource = view.pool.resource_name
@@ -116,11 +123,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             ids = list(r.devices_ids)
             try:
                 hcas = policy.allocated_hcas(self.view, ids)
-            except policy.AllocationError as exc:
+                answer = self._answer(hcas)
+            except (policy.AllocationError, CdiError, OSError) as exc:
                 self.metrics.errors.labels(kind="allocate").inc()
                 logger.error("Allocate refused: %s", exc)
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            responses.append(self._answer(hcas))
+            responses.append(answer)
             self.metrics.allocations.labels(resource=self.resource).inc()
             logger.info("allocated %s %s -> %s", self.resource, shown(ids), ",".join(hcas))
         return api_pb2.AllocateResponse(container_responses=responses)
@@ -131,17 +139,24 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         answer = self._answers.get(hcas)
         if answer is None:
             allocation = policy.allocation(self.view, hcas, self.dev_root)
-            answer = api_pb2.ContainerAllocateResponse(
-                envs=allocation.envs,
-                devices=[
-                    api_pb2.DeviceSpec(
-                        container_path=s.container_path,
-                        host_path=s.host_path,
-                        permissions=s.permissions,
-                    )
-                    for s in allocation.devices
-                ],
-            )
+            if self.cdi is not None:  # the runtime makes the nodes from the spec
+                name = "_".join((self.view.pool.name, *hcas))
+                answer = api_pb2.ContainerAllocateResponse(
+                    envs=allocation.envs,
+                    cdi_devices=[api_pb2.CDIDevice(name=self.cdi.add(name, allocation))],
+                )
+            else:
+                answer = api_pb2.ContainerAllocateResponse(
+                    envs=allocation.envs,
+                    devices=[
+                        api_pb2.DeviceSpec(
+                            container_path=s.container_path,
+                            host_path=s.host_path,
+                            permissions=s.permissions,
+                        )
+                        for s in allocation.devices
+                    ],
+                )
             self._answers[hcas] = answer
         return answer
 

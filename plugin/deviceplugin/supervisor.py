@@ -9,15 +9,16 @@ import signal
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 
-from plugin.config import ConfigError, PluginConfig, load_config
+from plugin.config import ConfigError, PluginConfig, Pool, load_config
 from plugin.core import pool as policy
+from plugin.core.cdi import SpecFile
 from plugin.core.discovery.model import Discovery
 from plugin.core.events import DirWatcher
 from plugin.core.health import HealthWatcher
 from plugin.core.metrics import Metrics, serve_http
 from plugin.core.terminal import say
 from plugin.deviceplugin.endpoint import Endpoint
-from plugin.launch import LaunchSpec
+from plugin.launch import DRA_DRIVER, LaunchSpec, cdi_kind, cdi_spec_name
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ async def run(spec: LaunchSpec, config: PluginConfig, discovery: Discovery) -> i
     address that cannot be bound is a bad flag (2)."""
     metrics = Metrics()
     endpoints = {
-        p.name: Endpoint(p, spec.dev_root, spec.device_plugin_dir, metrics) for p in config.pools
+        p.name: Endpoint(p, spec.dev_root, spec.device_plugin_dir, metrics, _cdi(spec, p))
+        for p in config.pools
     }
 
     async def publish(views: Sequence[policy.PoolView]) -> None:
@@ -138,3 +140,9 @@ async def watch_config(
                     path,
                 )
         said = on_disk
+
+
+def _cdi(spec: LaunchSpec, pool: Pool) -> SpecFile | None:
+    if spec.cdi_dir is None:
+        return None
+    return SpecFile(spec.cdi_dir, cdi_spec_name(pool.resource_name), cdi_kind(DRA_DRIVER))

@@ -57,6 +57,7 @@ class Plugin:
         self.dev_numbers = make_char_devices(self.tree)
         self.metrics_port = free_port()
         self.config: Path | None = None
+        self.cdi_dir: Path | None = None
         self.proc = Proc(
             "plugin",
             [],  # set per start: the config may change between scenarios
@@ -74,6 +75,7 @@ class Plugin:
             rescan_interval=0.5,
             metrics_address=f"127.0.0.1:{self.metrics_port}",
             log_level="debug",
+            cdi_dir=self.cdi_dir,
         ).command(sys.executable)
 
     def start(self, config_yaml: str | None = None) -> None:

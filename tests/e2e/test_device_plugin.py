@@ -3,6 +3,7 @@ e2e_node device plugin tests, asserted on what the kubelet and the API server re
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -11,9 +12,10 @@ import time
 import pytest
 import yaml
 
+from plugin.launch import cdi_spec_name
 from tests.e2e.cluster import Cluster
 from tests.e2e.kube import Api, allocatable_ids, pod_devices
-from tests.e2e.node import REPO, Plugin
+from tests.e2e.node import CDI_DIR, REPO, Plugin
 from tests.e2e.procs import eventually
 from tests.e2e.scenario import (
     RESOURCE,
@@ -235,3 +237,29 @@ def test_rendered_local_manifests_pass_server_side_dry_run(api: Api, cluster: Cl
 
     assert done.returncode == 0, done.stderr
     assert not re.search(r"(?i)warning|error", done.stderr), done.stderr
+
+
+# 11 ----------------------------------------------------------------------------------------
+def test_with_cdi_a_pod_gets_exactly_its_device_nodes_through_the_runtime(
+    session_plugin: Plugin, api: Api, pods: list[str]
+) -> None:
+    plugin = session_plugin
+    made = not CDI_DIR.exists()
+    plugin.stop()
+    plugin.cdi_dir = CDI_DIR
+    spec = CDI_DIR / cdi_spec_name(RESOURCE)
+    try:
+        plugin.start()
+        wait_allocatable(api, "1k")
+
+        seen, hcas = run_listing_pod(api, pods, "rdma-cdi")
+
+        assert seen == hex_numbers(plugin, ["rdma_cm", "umad0", "umad1", "uverbs0", "uverbs1"])
+        assert hcas == "mlx5_0,mlx5_1"
+        assert [d["name"] for d in json.loads(spec.read_text())["devices"]] == ["hca_mlx5_0_mlx5_1"]
+    finally:
+        plugin.stop()  # the next test's fixture starts it without CDI
+        plugin.cdi_dir = None
+        spec.unlink(missing_ok=True)
+        if made:
+            CDI_DIR.rmdir()

@@ -1,0 +1,82 @@
+"""The device plugin's CDI option (--cdi-dir): Allocate answers with a CDI device whose spec it
+wrote, over real gRPC to a kubelet-like peer; the names it gave out keep resolving across its
+restarts (a runtime resolves them again when it re-creates a container)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+
+from plugin.deviceplugin.api.v1beta1 import api_pb2
+from plugin.launch import DRA_DRIVER, cdi_kind
+from tests.plugin.kubelet_peer import KubeletPeer, Registration
+from tests.plugin.plugin_process import PluginProcess
+from tests.plugin.sysfs_tree import SysfsTree
+
+EXCLUSIVE = "pools:\n  - {name: hca, mode: exclusive}\n"
+
+
+async def _allocate(reg: Registration, *ids: str) -> api_pb2.ContainerAllocateResponse:
+    response = await reg.stub.Allocate(
+        api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=list(ids))]
+        )
+    )
+    (answer,) = response.container_responses
+    return answer
+
+
+async def test_allocate_answers_with_a_cdi_device_whose_spec_holds_its_nodes(
+    kubelet: KubeletPeer, plugin: PluginProcess, tree: SysfsTree, short_tmp: Path
+) -> None:
+    cdi_dir = short_tmp / "cdi"
+    await plugin.start(plugin.write_config(EXCLUSIVE), cdi_dir=cdi_dir)
+    reg = await kubelet.wait_registrations(1)
+
+    answer = await _allocate(reg, "mlx5_1")
+
+    kind = cdi_kind(DRA_DRIVER)
+    assert [d.name for d in answer.cdi_devices] == [f"{kind}=hca_mlx5_1"]
+    assert not answer.devices  # the runtime makes them from the spec
+    assert answer.envs["LINGJUN_RDMA_HCAS"] == "mlx5_1"
+    spec = json.loads((cdi_dir / "lingjun-rdma-rdma_hca.json").read_text())
+    (device,) = spec["devices"]
+    assert spec["kind"] == kind
+    assert device["name"] == "hca_mlx5_1"
+    assert [n["hostPath"] for n in device["containerEdits"]["deviceNodes"]] == [
+        str(tree.dev / "infiniband" / n) for n in ("rdma_cm", "uverbs1", "umad1")
+    ]
+
+
+async def test_cdi_devices_given_out_before_a_restart_still_resolve_after_it(
+    kubelet: KubeletPeer, plugin: PluginProcess, short_tmp: Path
+) -> None:
+    cdi_dir = short_tmp / "cdi"
+    config = plugin.write_config(EXCLUSIVE)
+    await plugin.start(config, cdi_dir=cdi_dir)
+    await _allocate(await kubelet.wait_registrations(1), "mlx5_0")
+    await plugin.terminate()
+
+    await plugin.start(config, cdi_dir=cdi_dir)
+    await _allocate(await kubelet.wait_registrations(2), "mlx5_1")
+
+    spec = json.loads((cdi_dir / "lingjun-rdma-rdma_hca.json").read_text())
+    assert sorted(d["name"] for d in spec["devices"]) == ["hca_mlx5_0", "hca_mlx5_1"]
+
+
+async def test_a_cdi_dir_that_cannot_be_written_refuses_the_allocation_naming_why(
+    kubelet: KubeletPeer, plugin: PluginProcess, short_tmp: Path
+) -> None:
+    blocked = short_tmp / "file"
+    blocked.write_text("not a dir\n")
+    await plugin.start(plugin.write_config(EXCLUSIVE), cdi_dir=blocked / "cdi")
+    reg = await kubelet.wait_registrations(1)
+
+    with pytest.raises(grpc.aio.AioRpcError, match="Not a directory") as refused:
+        await _allocate(reg, "mlx5_0")
+
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    await plugin.said("Allocate refused:")
