@@ -250,8 +250,8 @@ def parse(
     try:
         return spec_type(**values)
     except LaunchError as exc:
-        value = values[exc.field]  # a number is said; text may be a secret typed in the wrong flag
-        said = str(value) if isinstance(value, float) else described(value)
+        value = values[exc.field]  # a number or path is said; text may be a secret
+        said = str(value) if isinstance(value, float | Path) else described(value)
         parser.error(f"{_flag(exc.field)} {said}: {exc.why}")
 
 

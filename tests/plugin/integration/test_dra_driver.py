@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -133,3 +135,29 @@ async def test_a_stop_removes_both_sockets_and_exits_0(driver: Driver) -> None:
 
     assert not registration_socket(driver.spec.plugins_registry_dir, DRA_DRIVER).exists()
     assert not dra_socket(driver.spec.plugins_dir, DRA_DRIVER).exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        ((), "rdma-dra-driver: no node name: pass --node-name, or set $NODE_NAME"),
+        (("--node-name", "n1", "--kubeconfig", "/nonexistent"),
+         "rdma-dra-driver: --kubeconfig /nonexistent: No such file or directory"),
+        (("--node-name", "S3cret Value"),
+         "--node-name text of 12 characters: must be a node's name (a DNS subdomain)"),
+        (("--node-name", "n1", "--plugins-dir", "/tmp/" + "d" * 120),
+         "over the 105-byte unix limit"),
+    ],
+    ids=["no-node", "no-kubeconfig", "bad-node-not-quoted", "socket-too-long"],
+)  # fmt: skip
+def test_what_the_driver_refuses_is_one_line(args: tuple[str, ...], said: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
+    done = subprocess.run(
+        [sys.executable, "-m", "plugin.dra", "--discovery", "sysfs", *args],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
+    )  # fmt: skip
+
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert said in line
+    assert "S3cret" not in done.stderr
