@@ -36,7 +36,7 @@ from infra.keys import qualified as _key
 from infra.pluginbridge import plugin_config, plugin_launch
 from plugin.config import PluginConfig
 from plugin.core.userfiles import described
-from plugin.launch import LaunchSpec
+from plugin.launch import DraLaunchSpec, LaunchSpec
 
 # At most the nodes of one ACK node pool (1000): a Lingjun node group holds tens; a slip like
 # 100000000 fails here, before any resource is planned, not at the cloud API.
@@ -134,7 +134,7 @@ class StackConfig:
     # The plugin's own model (one pool, the network mode): its rules are the plugin's.
     plugin: PluginConfig
     # How the DaemonSet launches the plugin (its flags): the plugin's own launch contract.
-    plugin_launch: LaunchSpec
+    plugin_launch: LaunchSpec | DraLaunchSpec
     namespace: str
     samples: tuple[SampleJob, ...]
     # jobAwaitTimeout in seconds: the sample Jobs' activeDeadlineSeconds; None: not awaited
@@ -144,6 +144,11 @@ class StackConfig:
     @property
     def non_host_network(self) -> bool:
         return self.plugin.non_host_network
+
+    @property
+    def dra(self) -> bool:
+        """Pods ask for RDMA through resource.k8s.io claims (rdmaApi: dra)."""
+        return isinstance(self.plugin_launch, DraLaunchSpec)
 
     @property
     def resource_name(self) -> str:
@@ -216,6 +221,7 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
     launch, launch_problems = plugin_launch(k)
     problems = [
         *_check_network_mode(k),
+        *_check_api(k),
         *cluster_problems,
         *_check_names(k),
         *plugin_problems,
@@ -263,6 +269,25 @@ def _check_network_mode(k: Keys) -> list[str]:
 
 
 Cluster = CreateCluster | KubeconfigCluster | AckCluster
+# resource.k8s.io/v1 (DRA, GA) is served from Kubernetes 1.34 on.
+DRA_SINCE = (1, 34)
+
+
+def _check_api(k: Keys) -> list[str]:
+    """DRA on a cluster this stack creates needs its version said, and 1.34 or newer: an older
+    one has no resource.k8s.io/v1, and the driver would publish into nothing."""
+    if k.rdma_api != "dra" or not k.creates_cluster:
+        return []
+    version = _K8S_VERSION.fullmatch(k.kubernetes_version or "")
+    fix = f"{_set('kubernetesVersion', '1.34.1-aliyun.1')}, or {_set('rdmaApi', 'devicePlugin')}"
+    if version is None:
+        return [f"{_key('rdmaApi')}: dra needs {_key('kubernetesVersion')} 1.34 or newer {fix}"]
+    if (int(version["major"]), int(version["minor"])) < DRA_SINCE:
+        return [
+            f"{_key('rdmaApi')}: dra needs Kubernetes 1.34 or newer (resource.k8s.io/v1), not "
+            f"{version['major']}.{version['minor']} {fix}"
+        ]
+    return []
 
 
 def _cluster(k: Keys) -> tuple[Cluster | None, list[str]]:
@@ -389,7 +414,7 @@ _SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease"
 # An Alibaba Cloud region ID, and a Kubernetes version as ACK spells it.
 _REGION = re.compile(r"[a-z]{2}(-[a-z0-9]+)+")
 _CLOUD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
-_K8S_VERSION = re.compile(r"1\.[0-9]{1,2}\.[0-9]{1,3}(-aliyun\.[0-9]{1,3})?")
+_K8S_VERSION = re.compile(r"(?P<major>1)\.(?P<minor>[0-9]{1,2})\.[0-9]{1,3}(-aliyun\.[0-9]{1,3})?")
 
 
 def _check_names(k: Keys) -> list[str]:

@@ -1,4 +1,5 @@
-"""RdmaDevicePlugin: image, namespace, ServiceAccount, ConfigMap, DaemonSet on Lingjun nodes."""
+"""RdmaDevicePlugin: image, namespace, ServiceAccount, ConfigMap, DaemonSet on Lingjun nodes; with
+rdmaApi: dra the DaemonSet runs the DRA driver instead, with its RBAC and DeviceClasses."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from infra.alicloud import cs
 from infra.config import BuiltImage, PinnedImage, RegistryLogin
 from infra.keys import StackConfigError
 from plugin.config import PluginConfig
-from plugin.launch import DEFAULT_DEVICE_PLUGIN_DIR, LaunchSpec
+from plugin.dra.devices import device_class, device_class_name
+from plugin.launch import DEFAULT_DEVICE_PLUGIN_DIR, NODE_NAME_ENV, DraLaunchSpec, LaunchSpec
 
 LINGJUN_NODE_LABEL = "alibabacloud.com/lingjun-worker"
 # Relative to the project directory, where Pulumi runs the program: the plan stays the same on
@@ -29,7 +31,8 @@ APP_LABEL = "app.kubernetes.io/name"
 class DevicePluginArgs:
     namespace: str
     plugin_config: PluginConfig
-    launch: LaunchSpec
+    # The device plugin's flags, or the DRA driver's
+    launch: LaunchSpec | DraLaunchSpec
     # Pinned, or built from plugin/Dockerfile and pushed to a repository created in an ACR
     # Enterprise Edition instance (the Personal Edition's resources are deprecated).
     image: PinnedImage | BuiltImage
@@ -40,7 +43,8 @@ class DevicePluginArgs:
 
 
 class RdmaDevicePlugin(pulumi.ComponentResource):
-    """Our RDMA device plugin as a DaemonSet; its ConfigMap is the plugin's own config model."""
+    """Our RDMA node agent as a DaemonSet, the device plugin or the DRA driver (as the launch
+    spec says); its ConfigMap is the plugin's own config model."""
 
     daemonset_name: pulumi.Output[str]
     image: pulumi.Output[str]
@@ -78,11 +82,13 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
         account = k8s.core.v1.ServiceAccount(
             f"{name}-sa",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=name, namespace=args.namespace, labels=labels),
-            # The plugin talks to the kubelet's unix socket only, never to the API server:
-            # no RBAC, and no token mounted.
+            # The device plugin talks to the kubelet's unix socket only, never to the API
+            # server: no RBAC, and no token mounted. The DRA driver's pod mounts its token.
             automount_service_account_token=False,
             opts=in_ns,
         )
+        if isinstance(args.launch, DraLaunchSpec):
+            self._dra_access(name, args.namespace, args.launch.driver_name, in_ns)
         config_text = args.plugin_config.to_file()
         config_map = k8s.core.v1.ConfigMap(
             f"{name}-config",
@@ -114,6 +120,49 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
         )
         self.daemonset_name = daemonset.metadata.name
         self.register_outputs({"daemonset_name": self.daemonset_name, "image": self.image})
+
+    def _dra_access(
+        self, name: str, namespace: str, driver: str, opts: pulumi.ResourceOptions
+    ) -> None:
+        """What the DRA driver reads and writes in the API (its node's ResourceSlices, the
+        claims it prepares), and the DeviceClasses pods ask by."""
+        role = k8s.rbac.v1.ClusterRole(
+            f"{name}-role",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=name),
+            rules=[
+                k8s.rbac.v1.PolicyRuleArgs(
+                    api_groups=["resource.k8s.io"],
+                    resources=["resourceslices"],
+                    verbs=["get", "list", "watch", "create", "update", "delete"],
+                ),
+                k8s.rbac.v1.PolicyRuleArgs(
+                    api_groups=["resource.k8s.io"], resources=["resourceclaims"], verbs=["get"]
+                ),
+            ],
+            opts=opts,
+        )
+        k8s.rbac.v1.ClusterRoleBinding(
+            f"{name}-binding",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=name),
+            role_ref=k8s.rbac.v1.RoleRefArgs(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role.metadata.name
+            ),
+            subjects=[
+                k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=name, namespace=namespace)
+            ],
+            opts=opts,
+        )
+        for mode in ("shared", "exclusive"):
+            klass = device_class(driver, mode)
+            # resource.k8s.io/v1 is newer than this SDK's types: the provider takes it as is
+            k8s.apiextensions.CustomResource(
+                f"{name}-class-{mode}",
+                api_version=str(klass["apiVersion"]),
+                kind=str(klass["kind"]),
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=device_class_name(driver, mode)),
+                spec=klass["spec"],
+                opts=opts,
+            )
 
     def _build_image(
         self,
@@ -212,8 +261,31 @@ def _probe(initial_delay: int) -> k8s.core.v1.ProbeArgs:
     )
 
 
+def _node_paths(
+    launch: LaunchSpec | DraLaunchSpec,
+) -> tuple[list[k8s.core.v1.VolumeArgs], list[k8s.core.v1.VolumeMountArgs]]:
+    """The kubelet's dirs the agent writes its sockets in (and the DRA driver's CDI dir), each
+    mounted where the launch spec says: only those, read-write."""
+    if isinstance(launch, LaunchSpec):  # the kubelet's: there before any plugin
+        paths = {"device-plugins": (DEFAULT_DEVICE_PLUGIN_DIR, launch.device_plugin_dir)}
+        kind = "Directory"
+    else:
+        own = launch.plugins_dir / launch.driver_name  # its socket and checkpoint, no other's
+        paths = {
+            "plugins-registry": (launch.plugins_registry_dir, launch.plugins_registry_dir),
+            "plugin-dir": (own, own),
+            "cdi": (launch.cdi_dir, launch.cdi_dir),
+        }
+        kind = "DirectoryOrCreate"
+    volumes = [_host_path(n, str(host), kind) for n, (host, _) in paths.items()]
+    mounts = [
+        k8s.core.v1.VolumeMountArgs(name=n, mount_path=str(at)) for n, (_, at) in paths.items()
+    ]
+    return volumes, mounts
+
+
 def _daemonset_spec(
-    launch: LaunchSpec,
+    launch: LaunchSpec | DraLaunchSpec,
     *,
     labels: dict[str, str],
     image: pulumi.Input[str],
@@ -227,10 +299,22 @@ def _daemonset_spec(
             "plugin launch: metrics_address is empty, but the DaemonSet's probes read /healthz "
             "there: give the LaunchSpec a HOST:PORT"
         )
+    node_volumes, node_mounts = _node_paths(launch)
+    dra = isinstance(launch, DraLaunchSpec)
     container = k8s.core.v1.ContainerArgs(
         name="plugin",
         image=image,
         command=launch.command(),
+        env=[
+            k8s.core.v1.EnvVarArgs(
+                name=NODE_NAME_ENV,
+                value_from=k8s.core.v1.EnvVarSourceArgs(
+                    field_ref=k8s.core.v1.ObjectFieldSelectorArgs(field_path="spec.nodeName")
+                ),
+            )
+        ]
+        if dra
+        else None,
         ports=[
             k8s.core.v1.ContainerPortArgs(
                 name="metrics", container_port=launch.metrics_port, protocol="TCP"
@@ -257,9 +341,7 @@ def _daemonset_spec(
             seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault"),
         ),
         volume_mounts=[
-            k8s.core.v1.VolumeMountArgs(
-                name="device-plugins", mount_path=str(launch.device_plugin_dir)
-            ),
+            *node_mounts,
             k8s.core.v1.VolumeMountArgs(
                 name="sys", mount_path=str(launch.sysfs_root), read_only=True
             ),
@@ -279,13 +361,14 @@ def _daemonset_spec(
         dns_policy="ClusterFirstWithHostNet",
         priority_class_name="system-node-critical",
         service_account_name=service_account,
-        automount_service_account_token=False,
+        # the DRA driver publishes ResourceSlices and reads claims: its token, and only its
+        automount_service_account_token=dra,
         node_selector={LINGJUN_NODE_LABEL: "true"},
         tolerations=[k8s.core.v1.TolerationArgs(operator="Exists")],
         image_pull_secrets=pull_secrets or None,
         containers=[container],
         volumes=[
-            _host_path("device-plugins", str(DEFAULT_DEVICE_PLUGIN_DIR)),
+            *node_volumes,
             _host_path("sys", "/sys"),
             # Absent until the RDMA driver loads: the plugin must start anyway (zero devices) and
             # see the device nodes appear in this same directory.

@@ -100,6 +100,13 @@ class RdmaJobArgs:
     # None: no deadline, and `pulumi up` does not wait (pulumi.com/skipAwait). Else Kubernetes
     # fails the Job after this many seconds, and `pulumi up` waits for it to complete or fail.
     deadline_seconds: int | None = None
+    # DRA (rdmaApi: dra): the DeviceClass the pods' claim asks `rdma` devices of; None: the
+    # device plugin's `resource_name` limits
+    device_class: str | None = None
+
+
+# The name of a pod's RDMA claim (its ResourceClaimTemplate is the Job's name + this).
+RDMA_CLAIM = "rdma"
 
 
 def resolve_host_network(spec: RdmaJobSpec, non_host_network: bool) -> bool:
@@ -140,6 +147,31 @@ class RdmaJob(pulumi.ComponentResource):
                 ),
                 opts=child,
             )
+        template = None
+        if args.device_class is not None:
+            template = f"{spec.name}-{RDMA_CLAIM}"
+            k8s.apiextensions.CustomResource(  # resource.k8s.io/v1: newer than this SDK's types
+                f"{name}-claim",
+                api_version="resource.k8s.io/v1",
+                kind="ResourceClaimTemplate",
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=template, namespace=args.namespace),
+                spec={
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {
+                                    "name": RDMA_CLAIM,
+                                    "exactly": {
+                                        "deviceClassName": args.device_class,
+                                        "count": spec.rdma,
+                                    },
+                                }
+                            ]
+                        }
+                    }
+                },
+                opts=child,
+            )
         annotations: dict[str, str] = {}
         job_opts = child
         if args.deadline_seconds is None:
@@ -168,6 +200,7 @@ class RdmaJob(pulumi.ComponentResource):
                 host_network=host_network,
                 deadline_seconds=args.deadline_seconds,
                 plugin_image=args.plugin_image,
+                claim_template=template,
             ),
             opts=job_opts,
         )
@@ -182,11 +215,11 @@ def job_spec(
     host_network: bool,
     deadline_seconds: int | None,
     plugin_image: pulumi.Input[str],
+    claim_template: str | None = None,
 ) -> k8s.batch.v1.JobSpecArgs:
-    """The typed batch/v1 JobSpec for an RdmaJobSpec."""
-    limits = {resource_name: str(spec.rdma)}
-    if spec.gpus:
-        limits = {"nvidia.com/gpu": str(spec.gpus), **limits}
+    """The typed batch/v1 JobSpec for an RdmaJobSpec: its containers ask `resource_name` in
+    their limits, or (DRA) share the pod's claim made from `claim_template`."""
+    gpus = {"nvidia.com/gpu": str(spec.gpus)} if spec.gpus else {}
     mounts: list[k8s.core.v1.VolumeMountArgs] = []
     volumes: list[k8s.core.v1.VolumeArgs] = []
     if spec.shm_size is not None:
@@ -197,9 +230,8 @@ def job_spec(
     command = list(spec.command)
     init_containers: list[k8s.core.v1.ContainerArgs] = []
     if spec.resolve_env:
-        init_containers.append(
-            _resolver(spec, resource_name, host_network=host_network, image=plugin_image)
-        )
+        rdma = _requirements(spec, resource_name, claim_template)
+        init_containers.append(_resolver(spec, rdma, host_network=host_network, image=plugin_image))
         mounts.append(
             k8s.core.v1.VolumeMountArgs(name="rdma-env", mount_path=RDMA_ENV_DIR, read_only=True)
         )
@@ -212,7 +244,7 @@ def job_spec(
         image=spec.image,
         command=command,
         env=[k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in env.items()] or None,
-        resources=k8s.core.v1.ResourceRequirementsArgs(limits=limits),
+        resources=_requirements(spec, resource_name, claim_template, gpus),
         working_dir=spec.working_dir,
         volume_mounts=mounts or None,
         security_context=k8s.core.v1.SecurityContextArgs(
@@ -222,6 +254,13 @@ def job_spec(
         else None,
     )
     pod = k8s.core.v1.PodSpecArgs(
+        resource_claims=[
+            k8s.core.v1.PodResourceClaimArgs(
+                name=RDMA_CLAIM, resource_claim_template_name=claim_template
+            )
+        ]
+        if claim_template is not None
+        else None,
         init_containers=init_containers or None,
         containers=[container],
         restart_policy="Never",
@@ -251,8 +290,29 @@ def _memory_volume(name: str, size: str) -> k8s.core.v1.VolumeArgs:
     )
 
 
+def _requirements(
+    spec: RdmaJobSpec,
+    resource_name: str,
+    claim_template: str | None,
+    limits: dict[str, str] | None = None,
+) -> k8s.core.v1.ResourceRequirementsArgs:
+    """A container's RDMA request (the device plugin's resource in its limits, or the pod's
+    DRA claim), beside other `limits` (GPUs)."""
+    if claim_template is not None:
+        return k8s.core.v1.ResourceRequirementsArgs(
+            limits=limits or None, claims=[k8s.core.v1.ResourceClaimArgs(name=RDMA_CLAIM)]
+        )
+    return k8s.core.v1.ResourceRequirementsArgs(
+        limits={**(limits or {}), resource_name: str(spec.rdma)}
+    )
+
+
 def _resolver(
-    spec: RdmaJobSpec, resource_name: str, *, host_network: bool, image: pulumi.Input[str]
+    spec: RdmaJobSpec,
+    rdma: k8s.core.v1.ResourceRequirementsArgs,
+    *,
+    host_network: bool,
+    image: pulumi.Input[str],
 ) -> k8s.core.v1.ContainerArgs:
     """The init container that writes the pod's NCCL settings, resolved in its own network
     namespace. It asks the same RDMA resource as the workload: the kubelet hands the workload
@@ -264,7 +324,7 @@ def _resolver(
         name="rdma-env",
         image=image,
         command=podenv.command(),
-        resources=k8s.core.v1.ResourceRequirementsArgs(limits={resource_name: str(spec.rdma)}),
+        resources=rdma,
         volume_mounts=[k8s.core.v1.VolumeMountArgs(name="rdma-env", mount_path=RDMA_ENV_DIR)],
         # its stderr (why no GID fits) becomes the pod's status message when it fails
         termination_message_policy="FallbackToLogsOnError",

@@ -72,6 +72,7 @@ class Keys(BaseModel):
     rdma_resource_name: str
     rdma_max_allocations: int
     rdma_pool_mode: Literal["shared", "exclusive"]
+    rdma_api: Literal["devicePlugin", "dra"]
     rdma_rescan_interval: int
     namespace: str
     plugin_image: str | None = None

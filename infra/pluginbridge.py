@@ -24,6 +24,7 @@ from plugin.launch import (
     DEFAULT_DEVICE_PLUGIN_DIR,
     MAX_UNIX_PATH,
     RESCAN_INTERVAL_RANGE,
+    DraLaunchSpec,
     LaunchError,
     LaunchSpec,
     socket_name,
@@ -65,12 +66,15 @@ def plugin_config(k: Keys) -> tuple[PluginConfig | None, list[str]]:
     return PluginConfig(non_host_network=k.non_host_network, pools=(pool,)), []
 
 
-def plugin_launch(k: Keys) -> tuple[LaunchSpec | None, list[str]]:
-    """The DaemonSet's flags; the plugin's LaunchSpec decides what is legal."""
+def plugin_launch(k: Keys) -> tuple[LaunchSpec | DraLaunchSpec | None, list[str]]:
+    """The DaemonSet's flags (the device plugin's, or the DRA driver's with rdmaApi: dra); the
+    plugin's launch specs decide what is legal."""
+    kind = DraLaunchSpec if k.rdma_api == "dra" else LaunchSpec
     try:
         # sysfs, not auto: the container has no device-cgroup grant to open the verbs devices,
-        # so auto would only import pyverbs (+5.5 MiB RSS) to fall back to sysfs
-        spec = LaunchSpec(
+        # so auto would only import pyverbs (+5.5 MiB RSS) to fall back to sysfs. The DRA
+        # driver's node name comes from the pod's env (NODE_NAME, the downward API).
+        spec = kind(
             config=DEFAULT_CONFIG_PATH,
             discovery="sysfs",
             rescan_interval=k.rdma_rescan_interval,

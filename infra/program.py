@@ -13,6 +13,8 @@ from infra.config import AckCluster, CreateCluster, StackConfig
 from infra.device_plugin import DevicePluginArgs, RdmaDevicePlugin
 from infra.jobs import SAMPLES, RdmaJob, RdmaJobArgs, resolve_host_network
 from infra.network import Network
+from plugin.dra.devices import device_class_name
+from plugin.launch import DraLaunchSpec
 
 NAME = "lingjun-rdma"
 
@@ -61,6 +63,7 @@ def main() -> dict[str, pulumi.Output[Any]]:
                 host_network=host_network,
                 plugin_image=plugin.image,
                 deadline_seconds=cfg.job_deadline_seconds,
+                device_class=_device_class(cfg),
             ),
             opts=pulumi.ResourceOptions.merge(
                 in_cluster, pulumi.ResourceOptions(depends_on=[plugin])
@@ -83,3 +86,11 @@ def _plugin_args(cfg: StackConfig) -> DevicePluginArgs:
         registry_namespace=f"{NAME}-{pulumi.get_stack()}",
         await_timeout=cfg.plugin_await_timeout,
     )
+
+
+def _device_class(cfg: StackConfig) -> str | None:
+    """DRA: the DeviceClass of the stack's pool mode, which the Jobs' claims ask."""
+    launch = cfg.plugin_launch
+    if not isinstance(launch, DraLaunchSpec):
+        return None
+    return device_class_name(launch.driver_name, cfg.plugin.pools[0].mode)
