@@ -62,16 +62,37 @@ def open_stack(
     )
 
 
+_lost_output: list[str] = []
+
+
+def _out(line: str) -> None:
+    """One line of progress on stdout. One that cannot be written (a full disk, a closed pipe)
+    is dropped: the engine's operation goes on, and the end says the output was lost."""
+    try:
+        print(line, flush=True)
+    except (OSError, ValueError) as exc:  # ValueError: stdout closed
+        if not _lost_output:
+            _lost_output.append(str(getattr(exc, "strerror", None) or exc))
+
+
+def _quiet_output_readers(args: threading.ExceptHookArgs) -> None:
+    """The Automation API reads pulumi's output in threads named after `consumer`: one that
+    fails on output it cannot decode must not print a traceback; the main thread then says, in
+    one line, that pulumi's answer could not be read."""
+    if args.thread is None or "consumer" not in args.thread.name:
+        threading.__excepthook__(args)
+
+
 def run(action: str, stack: auto.Stack, diff: bool = False) -> None:
     """One engine operation, its progress streamed to stdout."""
     if action == "preview":
-        stack.preview(on_output=print, diff=diff)
+        stack.preview(on_output=_out, diff=diff)
     elif action == "up":
-        stack.up(on_output=print, diff=diff)
+        stack.up(on_output=_out, diff=diff)
     elif action == "refresh":
-        stack.refresh(on_output=print, diff=diff)
+        stack.refresh(on_output=_out, diff=diff)
     elif action == "destroy":
-        stack.destroy(on_output=print, diff=diff)
+        stack.destroy(on_output=_out, diff=diff)
     else:
         raise ValueError(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
 
@@ -169,14 +190,14 @@ def main(argv: list[str] | None = None) -> int:
         help="where Pulumi.yaml and stacks/ are (default: this checkout)",
     )
     args = parser.parse_args(argv)
+    threading.excepthook = _quiet_output_readers
     try:
         check_project(args.project_dir, args.stack)
         pulumi = pulumi_cli()
-        print(  # what the engine's first output may be a while coming for
+        _out(  # what the engine's first output may be a while coming for
             f"deploy: {args.action} of stack {args.stack} with "
             f"{shutil.which(pulumi.command) or pulumi.command} "
-            f"{pulumi.version}; the engine's output follows",
-            flush=True,
+            f"{pulumi.version}; the engine's output follows"
         )
         stack = open_stack(args.stack, args.project_dir, pulumi=pulumi)
         run(args.action, stack, diff=args.diff)
@@ -192,6 +213,15 @@ def main(argv: list[str] | None = None) -> int:
         for line in stderr[-_STDERR_LINES:]:
             say(line)
         return 1
+    except (RuntimeError, ValueError) as exc:  # the Automation API reading what pulumi said
+        say(
+            f"deploy: {args.action} --stack {args.stack}: `pulumi` gave an answer the Automation "
+            f"API cannot read ({type(exc).__name__}): is it the Pulumi CLI? {INSTALL}"
+        )
+        return 1
+    finally:
+        if _lost_output:
+            say(f"deploy: stdout could not be written ({_lost_output[0]}): the progress was lost")
     return 0
 
 

@@ -156,7 +156,7 @@ def _written(out: Path) -> dict[str, list[object]]:
     """What the render that made `out` wrote there: name -> [size, sha256]; {} when unknown."""
     try:
         data: object = json.loads(read_text(out / MARKER))
-    except (UnreadableError, ValueError):
+    except (UnreadableError, ValueError, RecursionError):  # RecursionError: nested too deep
         return {}
     files = cast(dict[str, object], data).get("files") if isinstance(data, dict) else None
     if not isinstance(files, dict):

@@ -195,7 +195,7 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise ParseError(f"key {shown(key)} given twice: keep one")
+            raise ParseError(f"a key ({described(key)}) given twice: keep one")
         result[key] = value
     return result
 
@@ -234,7 +234,10 @@ def _strict_loader() -> type:
                     continue
                 if repeated:
                     raise ConstructorError(
-                        None, None, f"key {shown(key)} given twice: keep one", key_node.start_mark
+                        None,
+                        None,
+                        f"a key ({described(key)}) given twice: keep one",
+                        key_node.start_mark,
                     )
             return base.construct_mapping(self, node, deep=deep)
 

@@ -194,7 +194,9 @@ def test_a_key_given_twice_in_a_stack_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "stacks" / "Pulumi.x.yaml").write_text(
         "config:\n  lingjun-rdma:nonHostNetwork: false\n  lingjun-rdma:nonHostNetwork: true\n"
     )
-    with pytest.raises(StackFileError, match="line 3, column 3: key 'lingjun-rdma:nonHostNet"):
+    with pytest.raises(
+        StackFileError, match=r"line 3, column 3: a key \(text of 27 characters\) given"
+    ):
         stack_config("x", project_dir=tmp_path)
 
 
@@ -823,3 +825,58 @@ def test_a_stop_during_the_engine_is_said_at_once_and_a_second_stop_kills_it(
     assert code == 128 + signal.SIGTERM, stderr
     assert "deploy: asked `pulumi` to cancel; waiting for it to end" in stderr
     assert "deploy: killed `pulumi`" in stderr
+
+
+@pytest.mark.parametrize(
+    "answer",
+    ["exit 0\n", "printf '\\377\\376 not utf-8\\n'; exit 0\n"],
+    ids=["no-events", "not-utf8"],
+)
+def test_a_pulumi_whose_answer_cannot_be_read_is_one_line(tmp_path: Path, answer: str) -> None:
+    path = _fake_pulumi(
+        tmp_path / "bin",
+        f'#!/bin/sh\nif [ "$1" = version ]; then echo v3.277.0; exit 0; fi\n{answer}',
+    )
+
+    done = _cli("infra.deploy", "up", "--stack", "local", cwd=tmp_path, path=path)
+
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.splitlines()
+    assert "`pulumi` gave an answer the Automation API cannot read" in line
+
+
+def test_a_deploy_whose_stdout_is_full_says_so_on_stderr(tmp_path: Path) -> None:
+    path = _fake_pulumi(tmp_path / "bin", "#!/bin/sh\necho v3.277.0\n")
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path}
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
+            cwd=tmp_path, env=env, stdout=full, stderr=subprocess.PIPE, text=True,
+            timeout=120, check=False,
+        )  # fmt: skip
+
+    assert "Traceback" not in done.stderr
+    assert "deploy: stdout could not be written (No space left on device)" in done.stderr
+
+
+def test_a_render_marker_nested_too_deep_is_someone_elses_file_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / MARKER).write_text("[" * 100000 + "]" * 100000)
+
+    with pytest.raises(OutputError, match=r"did not write, or changed since \(\.lingjun-render\)"):
+        render("dev", out)
+
+
+def test_a_key_given_twice_in_a_stack_file_is_not_quoted(tmp_path: Path) -> None:
+    project = _project_copy(
+        tmp_path, f"config:\n  lingjun-rdma:{SENTINEL}: a\n  lingjun-rdma:{SENTINEL}: b\n"
+    )
+
+    with pytest.raises(StackFileError, match=r"line 3, column 3: a key \(text of") as refused:
+        stack_config("x", project_dir=project)
+
+    assert SENTINEL not in str(refused.value)

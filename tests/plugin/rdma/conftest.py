@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,11 +46,12 @@ async def registered(
     resource: str = "rdma/hca",
     config: str | None = None,
     rescan_interval: float = 5.0,
+    **overrides: Any,
 ) -> Registration:
-    """Start the plugin and wait for its registration and first device list. Generous limit:
-    Python's imports alone take seconds under qemu TCG."""
+    """Start the plugin (`overrides`: LaunchSpec fields) and wait for its registration and
+    first device list. Generous limit: Python's imports alone take seconds under qemu TCG."""
     config_path = plugin.write_config(config) if config is not None else None
-    await plugin.start(config_path, rescan_interval=rescan_interval)
+    await plugin.start(config_path, rescan_interval=rescan_interval, **overrides)
 
     def listed() -> bool:
         reg = kubelet.current(resource)

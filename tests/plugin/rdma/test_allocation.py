@@ -133,3 +133,38 @@ async def test_a_device_not_allocated_is_out_of_reach_in_the_mount_namespace(
     assert "uverbs" in listing
     assert len([n for n in listing.split() if n.startswith("uverbs")]) == 1, listing
     assert "rxe1" in str(failed.value), "it fails opening rxe1, the device it was not given"
+
+
+async def test_the_cdi_spec_made_for_rxe_alone_carries_rdma_write_and_send(
+    kubelet: KubeletPeer, plugin: PluginProcess, short_tmp: Path
+) -> None:
+    """The core's CDI writer (the DRA driver's and the device plugin's --cdi-dir): a runtime
+    applying the spec's edits gives a process what RDMA needs, and no more."""
+    cdi_dir = short_tmp / "cdi"
+    reg = await registered(kubelet, plugin, "rdma/rxe", EXCLUSIVE_RXE, cdi_dir=cdi_dir)
+    answer = await allocate(reg, "rxe0", "rxe1")
+    (cdi_device,) = answer.cdi_devices
+    kind, _, name = cdi_device.name.partition("=")
+    spec = json.loads((cdi_dir / "lingjun-rdma-rdma_rxe.json").read_text())
+    assert spec["kind"] == kind
+    (edits,) = [d["containerEdits"] for d in spec["devices"] if d["name"] == name]
+    nodes = api_pb2.ContainerAllocateResponse(
+        devices=[
+            api_pb2.DeviceSpec(
+                container_path=n["path"], host_path=n["hostPath"], permissions=n["permissions"]
+            )
+            for n in edits["deviceNodes"]
+        ]
+    )
+    a, b = gid_index("rxe0", RXE0.ipv6), gid_index("rxe1", RXE1.ipv6)
+    assert a is not None
+    assert b is not None
+
+    out = await in_container(nodes, *transfer_command("rxe0", a, "rxe1", b))
+
+    listing, _, result = out.partition("---\n")
+    assert sorted(listing.split()) == sorted(
+        ["rdma_cm", *kernel_chardevs("rxe0"), *kernel_chardevs("rxe1")]
+    )
+    assert f"ok: RDMA WRITE + SEND of 4096 bytes rxe0[{a}] -> rxe1[{b}]" in result
+    assert edits["env"] == ["LINGJUN_RDMA_HCAS=rxe0,rxe1"]
