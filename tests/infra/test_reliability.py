@@ -44,6 +44,19 @@ def _cli(
     )  # fmt: skip
 
 
+def _handling_signals(proc: subprocess.Popen[str]) -> None:
+    """Wait until the program has installed its own stop handlers: a signal that lands while the
+    interpreter itself starts (seconds on a loaded machine) meets only the system's default."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with open(f"/proc/{proc.pid}/status") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:"))
+        if int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.01)
+    raise AssertionError("the program never installed its signal handlers")
+
+
 def _written(root: Path) -> str:
     return "".join(p.read_text() for p in sorted(root.rglob("*")) if p.is_file())
 
@@ -325,6 +338,7 @@ def test_ctrl_c_during_a_render_is_one_line_and_leaves_no_half_render(
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    _handling_signals(proc)
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
@@ -529,6 +543,7 @@ def test_a_sigterm_during_a_render_leaves_nothing_half_written(tmp_path: Path) -
             env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)}, stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL, text=True,
         )  # fmt: skip
+        _handling_signals(proc)
         time.sleep(delay)
         proc.terminate()
         _, stderr = proc.communicate(timeout=60)

@@ -136,8 +136,10 @@ async def test_a_key_given_twice_is_refused_not_silently_the_last(
 
     output = await _refused(plugin, config)
 
-    assert f"{config}: not valid YAML ({where}key " in output
-    assert "given twice: keep one): fix the syntax" in output
+    assert (
+        f"{config}: not valid YAML ({where}a key (text of 4 characters) given twice: keep one): "
+        "fix the syntax"
+    ) in output
 
 
 async def test_more_pools_than_a_node_can_serve_are_refused(plugin: PluginProcess) -> None:
