@@ -44,10 +44,12 @@ proto: setup ## Regenerate the committed kubelet API stubs (device plugin, DRA, 
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -I. --python_out=. \
 	  --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. $(PROTOS)
 
-bench: setup ## Benchmarks: print figures (never asserted)
+bench: setup ## Benchmarks: print figures (never asserted); the DRA ones on the e2e cluster (root)
 	# set before grpc loads: its C core logs every GOAWAY of the kubelet-restart figure otherwise
 	GRPC_VERBOSITY=NONE $(PY) -m benchmarks.plugin_bench
 	$(PY) -m benchmarks.infra_bench
+	# the DRA figures need the e2e cluster's programs (built and cached as by `make e2e`) and root
+	LINGJUN_E2E_BIN=$$(tests/e2e/peers.sh | tail -n1) GRPC_VERBOSITY=NONE $(PY) -m benchmarks.dra_bench
 
 test-rdma: setup ## Real verbs in a Soft-RoCE qemu VM (image cached in ~/.cache/lingjun-rdma/vm); RDMA_VM_KERNEL=forky for a 7.x kernel
 	tests/plugin/rdma/vm/run.sh

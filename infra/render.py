@@ -14,6 +14,7 @@ if __name__ == "__main__":  # before the imports below, which are most of a shor
 
     exit_quietly("render")
 
+import errno
 import hashlib
 import json
 import os
@@ -46,7 +47,13 @@ from infra.offline import (
 from infra.stackfiles import StackFileError, stack_config, stack_name
 from plugin.config import ConfigError
 from plugin.core.terminal import Parser, say
-from plugin.core.userfiles import MAX_FILE_BYTES, UnreadableError, read_text, shown
+from plugin.core.userfiles import (
+    MAX_FILE_BYTES,
+    UnreadableError,
+    read_text,
+    shown,
+    write_atomically,
+)
 
 KUBERNETES_VERSION = "1.34.0"
 # Written into every directory a render makes, listing what it wrote: only a directory that
@@ -198,6 +205,11 @@ def render(stack: str, out: Path, overrides: list[str] | None = None) -> list[Pa
         kept = _write(out, stack, result, objects)
     except OSError as exc:
         raise OutputError(f"--out {out}: cannot write in {out.parent} ({exc.strerror})") from None
+    if kept == out:
+        raise OutputError(
+            f"--out {out}: rendered in place (a mount point), but files appeared in it while "
+            "this render ran; they are kept beside it"
+        )
     if kept is not None:
         raise OutputError(
             f"--out {out}: rendered, but files appeared in the previous render while this one "
@@ -229,16 +241,47 @@ def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any
             (staging / name).write_bytes(data)
             files[name] = [len(data), hashlib.sha256(data).hexdigest()]
         marker = {"writer": f"python -m infra.render --stack {stack}", "files": files}
-        (staging / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n")
+        texts[MARKER] = json.dumps(marker, indent=1, sort_keys=True) + "\n"
+        (staging / MARKER).write_text(texts[MARKER])
         if out.exists():
-            out.rename(old)
+            try:
+                out.rename(old)
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                return _write_in_place(out, texts)  # a mount point: cannot be swapped
         staging.rename(out)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)  # ours alone: made by mkdtemp above
         if old.exists() and not out.exists():
             old.rename(out)
         raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # ours alone: made by mkdtemp above
     return _remove_render(old)
+
+
+def _write_in_place(out: Path, texts: dict[str, str]) -> Path | None:
+    """`out` is a mount point (a container's volume), which no rename can swap: the previous
+    render's files, where unchanged, are replaced one by one, each file whole, the MARKER last,
+    with signals held off until it is done. Returns `out` when other files are in it."""
+    old = _written(out)
+    ours = {**old, MARKER: _digest(out / MARKER)} if old else {}
+    taken = [n for n in texts if (out / n).exists() and _digest(out / n) != ours.get(n)]
+    if taken:  # appeared while this render ran (check_out saw none): never overwritten
+        raise OutputError(
+            f"--out {out}: {', '.join(taken[:3])} appeared in it while this render ran; move "
+            "them away and render again"
+        )
+    try:
+        with deferred():
+            for name, digest in old.items():
+                if name not in texts and _digest(out / name) == digest:
+                    (out / name).unlink()
+            for name, text in texts.items():  # MARKER last: it lists what is now there
+                write_atomically(out / name, text)
+    except OSError as exc:
+        raise OutputError(f"--out {out}: cannot write in it ({exc.strerror})") from None
+    return out if any(p.name not in texts for p in out.iterdir()) else None
 
 
 def _remove_render(directory: Path) -> Path | None:

@@ -18,12 +18,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from base64 import b64encode
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from plugin.launch import (
+    DEFAULT_DEVICE_PLUGIN_DIR,
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_PLUGINS_REGISTRY_DIR,
+)
 from tests.e2e import oci
-from tests.e2e.kube import Api
+from tests.e2e.kube import Api, ApiError
 from tests.e2e.procs import Proc, eventually, run
 from tests.plugin.plugin_process import free_port
 
@@ -38,7 +44,19 @@ PLUGIN_IMAGE = "localhost/lingjun-rdma-plugin:e2e"  # plugin/Dockerfile, as `mak
 LINGJUN_LABEL = "alibabacloud.com/lingjun-worker"  # the label the DaemonSet selects nodes by
 # Hard-coded in the kubelet (v1beta1.DevicePluginPath), unlike every other path it uses: a
 # per-run dir is bind-mounted here so the host's dir is neither read nor left dirty.
-DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+DEVICE_PLUGIN_DIR = DEFAULT_DEVICE_PLUGIN_DIR
+# The DaemonSet of the DRA driver mounts the kubelet's plugin dirs at their default host paths:
+# the run's kubelet root's own dirs are bind-mounted there the same way.
+KUBELET_PLUGIN_DIRS = {"plugins_registry": DEFAULT_PLUGINS_REGISTRY_DIR,
+                       "plugins": DEFAULT_PLUGINS_DIR}  # fmt: skip
+HOST_DIRS = (DEVICE_PLUGIN_DIR, *KUBELET_PLUGIN_DIRS.values())
+# The `kubernetes` Service: the kubelet gives every pod KUBERNETES_SERVICE_HOST/PORT, the
+# first address of the service range and 443. No kube-proxy runs: the address sits on lo for
+# the run and the API server listens there, so a host-network pod (the DRA driver) reaches the
+# API with its own token and the cluster's CA, as on any cluster.
+SERVICE_RANGE = "10.97.77.0/24"
+API_ADDRESS = "10.97.77.1"
+API_PORT = 443
 # Host sysctls the kubelet sets at start (protectKernelDefaults: false); restored at teardown.
 KERNEL_TUNABLES = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
 # The pod network: Debian's CNI plugins (containernetworking-plugins), one bridge of the run's.
@@ -108,9 +126,8 @@ class Cluster:
         self.root = Path(tempfile.mkdtemp(prefix=RUN_PREFIX, dir="/tmp"))
         self.logs = logs
         self.token = secrets.token_hex(16)
-        self.api_port = free_port()
         self.kubelet_port = free_port()
-        self.api = Api(f"https://127.0.0.1:{self.api_port}", self.token)
+        self.api = Api(f"https://{API_ADDRESS}:{API_PORT}", self.token)
         self.procs: dict[str, Proc] = {}
         self.mounted: list[Path] = []
         self.made_dirs: list[Path] = []
@@ -149,7 +166,7 @@ class Cluster:
         self._controllers()
         self._containerd()
         self._images()
-        self._device_plugin_dir()
+        self._host_dirs()
         self._kubelet_config()
         self.start_kubelet()
 
@@ -159,11 +176,30 @@ class Cluster:
         return proc
 
     def _pki(self) -> None:
+        """The run's CA, the API server's certificate for the Service address (what a pod's
+        client checks), the service-account key pair and the admin's token."""
         pki = self.root / "pki"
         pki.mkdir()
+        ssl_ = ["openssl", "req", "-nodes", "-newkey", "rsa:2048", "-days", "2"]
+        run([*ssl_, "-x509", "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"),
+             "-subj", "/CN=lingjun-rdma-e2e-ca",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign"])  # fmt: skip
+        run([*ssl_, "-keyout", str(pki / "apiserver.key"), "-out", str(pki / "apiserver.csr"),
+             "-subj", "/CN=kube-apiserver"])  # fmt: skip
+        names = f"IP:{API_ADDRESS},DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+        (pki / "apiserver.ext").write_text(
+            f"subjectAltName={names}\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+            "extendedKeyUsage=serverAuth\nsubjectKeyIdentifier=hash\n"
+            "authorityKeyIdentifier=keyid,issuer\n"
+        )
+        run(["openssl", "x509", "-req", "-in", str(pki / "apiserver.csr"), "-days", "2",
+             "-CA", str(pki / "ca.crt"), "-CAkey", str(pki / "ca.key"), "-CAcreateserial",
+             "-extfile", str(pki / "apiserver.ext"),
+             "-out", str(pki / "apiserver.crt")])  # fmt: skip
         run(["openssl", "genrsa", "-out", str(pki / "sa.key"), "2048"])
         run(["openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub")])
         (pki / "tokens.csv").write_text(f'{self.token},e2e-admin,e2e-admin,"system:masters"\n')
+        ca = b64encode((pki / "ca.crt").read_bytes()).decode()
         self.kubeconfig.write_text(
             json.dumps(
                 {
@@ -174,7 +210,7 @@ class Cluster:
                             "name": "e2e",
                             "cluster": {
                                 "server": self.api.base,
-                                "insecure-skip-tls-verify": True,
+                                "certificate-authority-data": ca,
                             },
                         }
                     ],
@@ -205,24 +241,26 @@ class Cluster:
 
     def _apiserver(self) -> None:
         pki = self.root / "pki"
+        add_api_address()
         proc = self._proc(
             "kube-apiserver",
             [
                 str(self.peers.apiserver),
                 f"--etcd-servers={self.etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={self.api_port}",
-                f"--cert-dir={pki}",  # self-signed serving certificate, made on first start
+                f"--bind-address={API_ADDRESS}",
+                f"--advertise-address={API_ADDRESS}",
+                f"--secure-port={API_PORT}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--token-auth-file={pki / 'tokens.csv'}",
-                "--authorization-mode=AlwaysAllow",
-                "--service-cluster-ip-range=10.96.0.0/16",
+                # RBAC as on ACK: a pod's service account has only what its ClusterRole grants
+                # (the admin token and with it the kubelet and controllers: system:masters)
+                "--authorization-mode=Node,RBAC",
+                f"--service-cluster-ip-range={SERVICE_RANGE}",
                 "--service-account-issuer=https://kubernetes.default.svc",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
-                # pods of the scenarios mount no ServiceAccount token
-                "--disable-admission-plugins=ServiceAccount",
-                # the Service endpoint of a loopback-only API server is of no use here
+                # the Service's address needs no Endpoints: nothing routes through a proxy
                 "--endpoint-reconciler-type=none",
                 "--kubelet-preferred-address-types=InternalIP",  # the node name does not resolve
                 "--allow-privileged=true",
@@ -247,12 +285,22 @@ class Cluster:
                 str(self.peers.controller_manager),
                 *common,
                 f"--service-account-private-key-file={pki / 'sa.key'}",
+                # published to every namespace as kube-root-ca.crt: a pod's token volume has it
+                f"--root-ca-file={pki / 'ca.crt'}",
                 # One node that this run alone starts and stops: no node lifecycle (it would
                 # taint and evict whenever the kubelet restarts in a scenario).
                 "--controllers=*,-node-lifecycle-controller",
             ],
         )
         self._proc("kube-scheduler", [str(self.peers.scheduler), *common])
+
+        def service_account() -> bool:  # the ServiceAccount admission refuses pods before it
+            try:
+                return bool(self.api.get("/api/v1/namespaces/default/serviceaccounts/default"))
+            except ApiError:
+                return False
+
+        eventually(service_account, 60, "the default ServiceAccount")
 
     def _containerd(self) -> None:
         ctd = self.root / "ctd"
@@ -359,16 +407,22 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             self.ctr("images", "import", str(tar))
             tar.unlink()
 
-    def _device_plugin_dir(self) -> None:
-        here = self.root / "device-plugins"
-        here.mkdir()
-        missing = [p for p in (DEVICE_PLUGIN_DIR, *DEVICE_PLUGIN_DIR.parents) if not p.exists()]
-        DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
+    def _host_dirs(self) -> None:
+        """The run's own dirs at the kubelet's fixed host paths (bind mounts)."""
+        ours = {DEVICE_PLUGIN_DIR: self.root / "device-plugins"}
+        ours |= {host: self.root / "kubelet" / name for name, host in KUBELET_PLUGIN_DIRS.items()}
+        missing = sorted(
+            {p for host in HOST_DIRS for p in (host, *host.parents) if not p.exists()},
+            key=lambda p: -len(p.parts),
+        )
         self.made_dirs = missing  # deepest first: the order to remove them in
         # a run killed outright cannot remove them: the next run reads this (reap_stale_runs)
         (self.root / MADE_DIRS).write_text("\n".join(map(str, missing)))
-        run(["mount", "--bind", str(here), str(DEVICE_PLUGIN_DIR)])
-        self.mounted.append(DEVICE_PLUGIN_DIR)
+        for host, here in ours.items():
+            here.mkdir(parents=True)
+            host.mkdir(parents=True, exist_ok=True)
+            run(["mount", "--bind", str(here), str(host)])
+            self.mounted.append(host)
 
     def _kubelet_config(self) -> None:
         (self.root / "manifests").mkdir()
@@ -459,6 +513,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             self._kill_strays,
             self._unmount,
             remove_pod_bridge,
+            remove_api_address,
             self._remove_cgroups,
             self._restore_tunables,
         ]
@@ -545,6 +600,16 @@ def remove_pod_bridge() -> None:
     subprocess.run(["ip", "link", "delete", CNI_BRIDGE], capture_output=True, check=False)
 
 
+def add_api_address() -> None:
+    remove_api_address()  # left by a run killed outright
+    run(["ip", "address", "add", f"{API_ADDRESS}/32", "dev", "lo"])
+
+
+def remove_api_address() -> None:
+    cmd = ["ip", "address", "delete", f"{API_ADDRESS}/32", "dev", "lo"]
+    subprocess.run(cmd, capture_output=True, check=False)
+
+
 def mount_points() -> list[str]:
     """Every mount point, stacked ones repeated (os.path.ismount misses same-fs bind mounts)."""
     return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
@@ -592,9 +657,10 @@ def reap_stale_runs() -> list[Path]:
         kill_kubepods()
         for root in stale:
             unmount_under(root, [])
-        unmount_under(Path("/nonexistent"), [DEVICE_PLUGIN_DIR])
+        unmount_under(Path("/nonexistent"), list(HOST_DIRS))
         remove_kubepods_cgroups()
         remove_pod_bridge()
+        remove_api_address()
         for root in stale:
             made = root / MADE_DIRS
             for d in made.read_text().split("\n") if made.exists() else []:

@@ -10,12 +10,11 @@ without an Alibaba Cloud provider.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,46 +24,27 @@ from pulumi import automation as auto
 from infra.keys import PROJECT_DIR
 from tests.e2e.cluster import BUSYBOX_IMAGE, NODE, Cluster
 from tests.e2e.kube import Api, ApiError
-from tests.e2e.procs import eventually
 from tests.e2e.scenario import node_resource, wait_allocatable
+from tests.engine.stacks import (
+    NAMESPACE,
+    PLUGIN,
+    OpenStack,
+    assert_perftest_pod_got_the_fixture_devices,
+    for_this_cluster,
+    get,
+    plugin_pods,
+    set_config,
+    set_list,
+    up,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
-KEY = "lingjun-rdma"
-NAMESPACE = "lingjun-rdma"
-PLUGIN = "rdma-device-plugin"
 CLOUD_STACKS = ("dev", "staging", "prod")
-
-OpenStack = Callable[[str], auto.Stack]
-
-
-def _set(stack: auto.Stack, key: str, value: str, secret: bool = False) -> None:
-    stack.set_config(f"{KEY}:{key}", auto.ConfigValue(value, secret=secret))
-
-
-def _set_list(stack: auto.Stack, key: str, items: list[str]) -> None:
-    """As the README says to: `pulumi config rm`, then `pulumi config set --path 'key[i]'`
-    (a JSON string would be refused by the CLI: the key is typed array<string>)."""
-    stack.remove_config(f"{KEY}:{key}")
-    for i, item in enumerate(items):
-        stack.set_config(f"{KEY}:{key}[{i}]", auto.ConfigValue(item), path=True)
-
-
-def _get(api: Api, path: str) -> dict[str, Any]:
-    return api.get(path)
 
 
 def _daemonset(api: Api) -> dict[str, Any]:
-    return _get(api, f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{PLUGIN}")
-
-
-def _pods(api: Api, selector: str) -> list[dict[str, Any]]:
-    found = _get(api, f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={selector}")
-    return found["items"]
-
-
-def _plugin_pods(api: Api) -> list[dict[str, Any]]:
-    return _pods(api, f"app.kubernetes.io/name={PLUGIN}")
+    return get(api, f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{PLUGIN}")
 
 
 def _changes(stack: auto.Stack) -> dict[str, int]:
@@ -72,20 +52,12 @@ def _changes(stack: auto.Stack) -> dict[str, int]:
     return {str(op): n for op, n in stack.preview().change_summary.items()}
 
 
-def _up(stack: auto.Stack) -> tuple[auto.UpResult, float]:
-    t0 = time.monotonic()
-    result = stack.up(on_output=print)
-    return result, time.monotonic() - t0
-
-
 @pytest.fixture(scope="module")
 def local(open_engine_stack: OpenStack, cluster: Cluster, image: str) -> Iterator[auto.Stack]:
     """The committed local stack with what this cluster needs: its kubeconfig (a secret: it
     holds a token) and images the node has (nothing is pulled here)."""
     stack = open_engine_stack("local")
-    _set(stack, "kubeconfig", cluster.kubeconfig.read_text(), secret=True)
-    _set(stack, "pluginImage", image)
-    _set(stack, "perftestImage", BUSYBOX_IMAGE)
+    for_this_cluster(stack, cluster, image)
     yield stack
     if stack.export_stack().deployment.get("resources"):  # a test failed midway
         stack.destroy(on_output=print)
@@ -134,7 +106,7 @@ def test_a_plain_text_kubeconfig_with_a_token_is_refused_before_any_resource(
 ) -> None:
     stacks = workspace / "stacks"
     (stacks / "Pulumi.local-plaintext.yaml").write_text((stacks / "Pulumi.local.yaml").read_text())
-    _set(open_engine_stack("local-plaintext"), "kubeconfig", cluster.kubeconfig.read_text())
+    set_config(open_engine_stack("local-plaintext"), "kubeconfig", cluster.kubeconfig.read_text())
 
     output, _ = _failed("preview", "local-plaintext", workspace, engine_env)
 
@@ -147,12 +119,12 @@ def test_a_plain_text_kubeconfig_with_a_token_is_refused_before_any_resource(
 def test_up_runs_the_plugin_on_the_node_and_a_sample_jobs_pod_gets_its_devices(
     local: auto.Stack, api: Api, cluster: Cluster
 ) -> None:
-    result, took = _up(local)
+    result, took = up(local)
     print(f"engine: first up: {took:.1f} s, {dict(result.summary.resource_changes or {})}")
 
     assert result.summary.result == "succeeded"
     # the DaemonSet controller made the pod, the scheduler bound it to the node
-    (pod,) = _plugin_pods(api)
+    (pod,) = plugin_pods(api)
     assert pod["spec"]["nodeName"] == NODE
     assert pod["metadata"]["ownerReferences"][0]["kind"] == "DaemonSet"
     assert pod["status"]["phase"] == "Running"
@@ -161,38 +133,8 @@ def test_up_runs_the_plugin_on_the_node_and_a_sample_jobs_pod_gets_its_devices(
     assert result.outputs["kubeconfig"].secret is True
 
     # perftest: pod 0 is scheduled and admitted; its init container, which asks the same
-    # resource, gets the devices Allocate named and runs the GID resolver. A container's own
-    # sysfs on this machine has no RDMA device, so the resolver says so and the workload never
-    # starts. Pod 1 wants another node and stays Pending.
-    def resolved() -> list[dict[str, Any]]:
-        pods = _pods(api, "batch.kubernetes.io/job-name=perftest")
-        return [
-            p
-            for p in pods
-            for c in p["status"].get("initContainerStatuses", [])
-            if "terminated" in c["state"]
-        ]
-
-    (job_pod,) = eventually(resolved, 90, "a perftest pod's init container run by the kubelet")
-    (init,) = job_pod["status"]["initContainerStatuses"]
-    assert init["state"]["terminated"]["exitCode"] == 1
-    assert (
-        "lingjun-rdma podenv: mlx5_0: not in /sys/class/infiniband"
-        in (init["state"]["terminated"]["message"])
-    )
-    (workload,) = job_pod["status"]["containerStatuses"]
-    assert "terminated" not in workload["state"], workload
-    spec = json.loads(cluster.ctr("containers", "info", init["containerID"].split("//")[1]))
-    devices = sorted(d["path"] for d in spec["Spec"]["linux"]["devices"])
-    assert devices == [
-        "/dev/infiniband/rdma_cm",
-        "/dev/infiniband/umad0",
-        "/dev/infiniband/umad1",
-        "/dev/infiniband/uverbs0",
-        "/dev/infiniband/uverbs1",
-    ]
-    env = dict(e.split("=", 1) for e in spec["Spec"]["process"]["env"])
-    assert env["LINGJUN_RDMA_HCAS"] == "mlx5_0,mlx5_1"
+    # resource, gets the devices Allocate named and runs the GID resolver.
+    assert_perftest_pod_got_the_fixture_devices(api, cluster)
 
 
 @pytest.mark.usefixtures("lingjun_node", "host_infiniband", "node_sysfs")
@@ -207,11 +149,11 @@ def test_a_second_up_changes_nothing(local: auto.Stack) -> None:
 @pytest.mark.usefixtures("lingjun_node", "host_infiniband", "node_sysfs")
 def test_a_plugin_config_change_rolls_the_daemonset_in_place(local: auto.Stack, api: Api) -> None:
     before = _daemonset(api)
-    (old_pod,) = _plugin_pods(api)
-    _set(local, "rdmaMaxAllocations", "500")
+    (old_pod,) = plugin_pods(api)
+    set_config(local, "rdmaMaxAllocations", "500")
 
     changes = _changes(local)
-    result, took = _up(local)
+    result, took = up(local)
     print(f"engine: config change: preview {changes}, up {took:.1f} s")
 
     assert set(changes) == {"same", "update"}  # no replace
@@ -222,7 +164,7 @@ def test_a_plugin_config_change_rolls_the_daemonset_in_place(local: auto.Stack, 
     # `pulumi up` returned once the rollout was done: the new pod is the only one, and ready
     assert after["status"]["updatedNumberScheduled"] == 1
     assert after["status"]["numberReady"] == 1
-    (new_pod,) = _plugin_pods(api)
+    (new_pod,) = plugin_pods(api)
     assert new_pod["metadata"]["uid"] != old_pod["metadata"]["uid"]
     wait_allocatable(api, "500")
     assert result.summary.result == "succeeded"
@@ -233,15 +175,15 @@ def test_a_job_that_never_finishes_fails_at_its_deadline(
     local: auto.Stack, api: Api, workspace: Path, engine_env: dict[str, str]
 ) -> None:
     # 8 GPUs: no node has one, so its pod never starts and the Job never finishes
-    _set_list(local, "sampleJobs", ["hps-benchmark"])
-    _set(local, "hpsBenchmarkImage", BUSYBOX_IMAGE)
-    _set(local, "jobAwaitTimeout", "20s")
+    set_list(local, "sampleJobs", ["hps-benchmark"])
+    set_config(local, "hpsBenchmarkImage", BUSYBOX_IMAGE)
+    set_config(local, "jobAwaitTimeout", "20s")
 
     output, took = _failed("up", "local", workspace, engine_env)
     print(f"engine: up with a 20 s Job deadline failed after {took:.1f} s")
 
     assert "hps-benchmark" in output
-    job = _get(api, f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/hps-benchmark")
+    job = get(api, f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/hps-benchmark")
     assert job["spec"]["activeDeadlineSeconds"] == 20
     failed = [c for c in job["status"]["conditions"] if c["type"] == "Failed"]
     assert [c["reason"] for c in failed] == ["DeadlineExceeded"]
@@ -251,9 +193,9 @@ def test_a_job_that_never_finishes_fails_at_its_deadline(
 def test_the_daemonset_await_ends_at_plugin_await_timeout(
     local: auto.Stack, workspace: Path, engine_env: dict[str, str]
 ) -> None:
-    _set_list(local, "sampleJobs", [])
-    _set(local, "pluginImage", "localhost/lingjun-rdma-plugin:absent")
-    _set(local, "pluginAwaitTimeout", "20s")
+    set_list(local, "sampleJobs", [])
+    set_config(local, "pluginImage", "localhost/lingjun-rdma-plugin:absent")
+    set_config(local, "pluginAwaitTimeout", "20s")
 
     output, took = _failed("up", "local", workspace, engine_env)
     print(f"engine: up of an image that cannot be pulled, 20 s await: failed after {took:.1f} s")
@@ -269,9 +211,9 @@ def test_destroy_leaves_nothing_of_the_stack(local: auto.Stack, api: Api) -> Non
 
     assert not local.export_stack().deployment.get("resources")
     with pytest.raises(ApiError) as caught:
-        _get(api, f"/api/v1/namespaces/{NAMESPACE}")
+        get(api, f"/api/v1/namespaces/{NAMESPACE}")
     assert caught.value.status == 404
-    pods = _get(api, "/api/v1/pods")["items"]
+    pods = get(api, "/api/v1/pods")["items"]
     assert [p["metadata"]["name"] for p in pods if p["metadata"]["namespace"] == NAMESPACE] == []
     # the kubelet lost the plugin with its pod: nothing left to allocate
     wait_allocatable(api, "0")

@@ -13,7 +13,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -895,3 +895,40 @@ def test_a_key_given_twice_in_a_stack_file_is_not_quoted(tmp_path: Path) -> None
         stack_config("x", project_dir=project)
 
     assert SENTINEL not in str(refused.value)
+
+
+@pytest.fixture
+def mounted_out(tmp_path: Path) -> Iterator[Path]:
+    """--out as a container's volume: a mount point, which no rename can move."""
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(out)], check=True)
+    yield out
+    subprocess.run(["umount", "-l", str(out)], check=True)
+
+
+def test_an_out_that_is_a_mount_point_is_rendered_in_place(mounted_out: Path) -> None:
+    render("dev", mounted_out)
+    again = render("local", mounted_out)  # replaces dev's render, file by file
+
+    assert os.path.ismount(mounted_out)
+    assert sorted(mounted_out.iterdir()) == again
+    assert "local" in (mounted_out / "plan.md").read_text()
+    marker = json.loads((mounted_out / MARKER).read_text())
+    assert sorted(marker["files"]) == sorted(p.name for p in again if p.name != MARKER)
+
+    (mounted_out / "mywork.txt").write_text("precious")
+    with pytest.raises(OutputError, match="holds files a render did not write"):
+        render("dev", mounted_out)
+    assert (mounted_out / "mywork.txt").read_text() == "precious"
+
+
+def test_a_read_only_mount_point_as_out_says_so(mounted_out: Path, tmp_path: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(mounted_out)], check=True)
+
+    done = _cli("infra.render", "--stack", "local", "--out", str(mounted_out), cwd=tmp_path)
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"render: local: error: --out {mounted_out}: cannot write in it (Read-only file system)"
+    ]
