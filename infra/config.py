@@ -32,6 +32,7 @@ from infra.keys import (
     unknown_key_problems,
 )
 from infra.keys import config_set as _set
+from infra.keys import config_set_items as _set_items
 from infra.keys import qualified as _key
 from infra.pluginbridge import plugin_config, plugin_launch
 from plugin.config import PluginConfig
@@ -42,7 +43,7 @@ from plugin.launch import DraLaunchSpec, LaunchSpec
 # 100000000 fails here, before any resource is planned, not at the cloud API.
 MAX_NODE_COUNT = 1000
 # A Kubernetes namespace name is an RFC 1123 label.
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
                 values[key] = json.loads(value)
             except (json.JSONDecodeError, RecursionError):  # RecursionError: nested too deep
                 problems.append(
-                    f"{_key(key)}: not a JSON list (got {described(value)}) {_set(key, '[...]')}"
+                    f"{_key(key)}: not a JSON list (got {described(value)}) {_set_items(key)}"
                 )
         else:
             values[key] = value
@@ -381,24 +382,25 @@ def _network(k: Keys) -> tuple[NetworkPlan | None, list[str]]:
     if problems:
         return None, problems
     if not k.vswitch_cidrs:
-        problems.append(f"{_key('vswitchCidrs')}: list at least one {_set('vswitchCidrs', '[…]')}")
+        problems.append(f"{_key('vswitchCidrs')}: list at least one {_set_items('vswitchCidrs')}")
     if len(k.zone_ids) != len(k.vswitch_cidrs):
         problems.append(
             f"{_key('zoneIds')}: one zone per vSwitch CIDR ({len(k.vswitch_cidrs)} CIDRs, "
-            f"{len(k.zone_ids)} zones) {_set('zoneIds', '[...]')}"
+            f"{len(k.zone_ids)} zones) {_set_items('zoneIds')}"
         )
     vpc = nets["vpcCidr"]
     switches = [(key, n) for key, n in nets.items() if key.startswith("vswitchCidrs")]
     for key, net in switches:
         if not net.subnet_of(vpc):
             problems.append(
-                f"{_key(key)}: {net} is outside {_key('vpcCidr')} {vpc} {_set('vswitchCidrs', '…')}"
+                f"{_key(key)}: {net} is outside {_key('vpcCidr')} {vpc} "
+                f"{_set_items('vswitchCidrs')}"
             )
     for i, (ka, a) in enumerate(switches):
         for kb, b in switches[i + 1 :]:
             if a.overlaps(b):
                 problems.append(
-                    f"{_key(ka)}: {a} overlaps {_key(kb)} {b} {_set('vswitchCidrs', '…')}"
+                    f"{_key(ka)}: {a} overlaps {_key(kb)} {b} {_set_items('vswitchCidrs')}"
                 )
     if nets["serviceCidr"].overlaps(vpc):
         problems.append(
@@ -450,7 +452,7 @@ def _check_names(k: Keys) -> list[str]:
             f"{_key('namespace')}: {k.namespace} is the cluster's own: the program creates and "
             f"deletes its namespace {_set('namespace', 'lingjun-rdma')}"
         )
-    if not _DNS_LABEL.match(k.namespace):
+    if not _DNS_LABEL.fullmatch(k.namespace):
         problems.append(
             f"{_key('namespace')}: not a Kubernetes namespace name "
             "(lower case letters, digits and '-', at most 63, starting and ending with a letter "
@@ -548,7 +550,7 @@ def _samples(k: Keys, images: Mapping[str, str]) -> tuple[tuple[SampleJob, ...],
         if sample is None:
             problems.append(
                 f"{_key('sampleJobs')}: an unknown sample ({described(name)}); choose from "
-                f"{', '.join(SAMPLES)} {_set('sampleJobs', json.dumps(list(SAMPLES)))}"
+                f"{', '.join(SAMPLES)} {_set_items('sampleJobs')}"
             )
         elif sample.image_key not in images:
             problems.append(

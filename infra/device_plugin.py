@@ -125,7 +125,7 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
         self, name: str, namespace: str, driver: str, opts: pulumi.ResourceOptions
     ) -> None:
         """What the DRA driver reads and writes in the API (its node's ResourceSlices, the
-        claims it prepares), and the DeviceClasses pods ask by."""
+        claims it prepares and their pods), and the DeviceClasses pods ask by."""
         role = k8s.rbac.v1.ClusterRole(
             f"{name}-role",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=name),
@@ -138,6 +138,9 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
                 k8s.rbac.v1.PolicyRuleArgs(
                     api_groups=["resource.k8s.io"], resources=["resourceclaims"], verbs=["get"]
                 ),
+                # whether a claim's pods are on the host network: then its CDI spec carries
+                # NCCL's settings (the host's GIDs, known at prepare time)
+                k8s.rbac.v1.PolicyRuleArgs(api_groups=[""], resources=["pods"], verbs=["get"]),
             ],
             opts=opts,
         )

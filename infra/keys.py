@@ -33,6 +33,16 @@ def config_set(name: str, value: str) -> str:
     return f"(pulumi config set {qualified(name)} {value})"
 
 
+def config_set_items(name: str) -> str:
+    """The fix for a list key: the CLI refuses a JSON string for an `array<string>` key, so
+    the items are set one index at a time (render's --set takes the list as JSON)."""
+    item = LIST_KEYS[name]
+    return (
+        f"(pulumi config set --path '{qualified(name)}[0]' {item}, then [1], ...; "
+        f"render: --set '{name}=[\"{item}\"]')"
+    )
+
+
 def _true_or_false(value: object) -> object:
     """Pulumi's `boolean` is the text true or false; pydantic alone would take yes, on, 1."""
     if isinstance(value, str) and value not in ("true", "false"):
@@ -91,7 +101,7 @@ class Keys(BaseModel):
 
 # A duration in one whole unit: what Pulumi's custom timeouts and activeDeadlineSeconds share.
 # A duration in one whole unit: what Pulumi's custom timeouts and activeDeadlineSeconds share.
-_DURATION = re.compile(r"^([0-9]+)(s|m|h)$")
+_DURATION = re.compile(r"([0-9]+)(s|m|h)")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
 # The range of each duration key, in seconds: a day for one DaemonSet rollout, a week for a
 # sample Job (activeDeadlineSeconds); from 1 s, what a test of the deadline itself needs.
@@ -101,7 +111,7 @@ DURATION_RANGES = {"pluginAwaitTimeout": (1, 86400), "jobAwaitTimeout": (1, 7 * 
 def seconds(key: str, text: str, example: str) -> tuple[int | None, list[str]]:
     """A duration key's value in seconds, or the problem with it."""
     low, high = DURATION_RANGES[key]
-    match = _DURATION.match(text)
+    match = _DURATION.fullmatch(text)
     if match is None:
         why = f"not a duration like {example} (got {described(text)})"
     else:  # digits bounded before int(): Python refuses over 4300 of them
@@ -120,7 +130,12 @@ def format_seconds(seconds: int) -> str:
     return f"{seconds}s"
 
 
-LIST_KEYS = {"zoneIds", "vswitchCidrs", "sampleJobs"}
+# The list keys, each with an example item for the fix of a refusal.
+LIST_KEYS = {
+    "zoneIds": "cn-wulanchabu-c",
+    "vswitchCidrs": "192.168.0.0/20",
+    "sampleJobs": "perftest",
+}
 KNOWN_KEYS = {f.alias or to_camel(n) for n, f in Keys.model_fields.items()} | set(IMAGE_KEYS)
 
 

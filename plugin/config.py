@@ -36,8 +36,8 @@ LinkLayer = Literal["Ethernet", "InfiniBand"]
 
 # Kubernetes' qualified-name rules for an extended resource: DNS-1123 subdomain prefix, a name
 # part of at most 63 alphanumerics/-_. chars, not in the kubernetes.io domain.
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 Loc = tuple[str | int, ...]
 
@@ -89,11 +89,11 @@ def check_resource_name(resource_name: str) -> None:
     fix = "use <domain>/<name>, e.g. rdma/hca"
     if not sep or not prefix or not name:
         why = "not <prefix>/<name>"
-    elif len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
+    elif len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix):
         raise ConfigError("its prefix is not a DNS subdomain", field="prefix", fix=fix)
     elif prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
         raise ConfigError("the kubernetes.io domain is reserved", field="prefix", fix=fix)
-    elif len(name) > 63 or not _NAME_PART.match(name):
+    elif len(name) > 63 or not _NAME_PART.fullmatch(name):
         why = (
             "its name must be 1-63 letters, digits, '-', '_' or '.', starting and "
             "ending alphanumeric"

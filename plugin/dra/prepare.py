@@ -1,7 +1,11 @@
 """Prepare and unprepare: a claim's allocation for this driver and node becomes a CDI spec in
 the runtime's CDI dir, and the CDI device IDs the kubelet hands the runtime. The only writer of
 the CDI specs and of the checkpoint that outlives a driver restart and a node reboot (the CDI
-dir, /var/run/cdi, is a tmpfs: a claim prepared before a reboot gets its spec again)."""
+dir, /var/run/cdi, is a tmpfs: a claim prepared before a reboot gets its spec again).
+
+A claim whose pods are all on the host network also gets NCCL's settings in its spec: their
+GIDs are the host's, which the driver (itself on the host network) sees at prepare time. A pod
+off the host network gets its own from `plugin.podenv` in its namespace."""
 
 from __future__ import annotations
 
@@ -16,10 +20,13 @@ from typing import Any, cast
 
 from plugin.core import cdi
 from plugin.core import pool as policy
+from plugin.core.discovery.model import Hca
+from plugin.core.gidchoice import NoGidError, choose
+from plugin.core.netaddrs import namespace_addresses
 from plugin.core.userfiles import write_atomically
 from plugin.dra.devices import SliceDevice, slice_devices
 from plugin.dra.kubeapi import KubeApi, KubeApiError
-from plugin.launch import HCAS_ENV
+from plugin.launch import HCAS_ENV, family_for
 
 logger = logging.getLogger(__name__)
 
@@ -109,12 +116,14 @@ class Preparer:
             save_checkpoint(self.checkpoint, self.claims)
 
     def _prepare(self, claim: ClaimRef) -> Prepared:
-        results = self._allocated(claim)
+        obj = self._claim(claim)
+        results = self._allocated(claim, obj)
         requests: dict[str, list[str]] = {}
         for result in results:
             requests.setdefault(result["device"], []).append(result["request"])
         allocations: dict[str, policy.Allocation] = {}
         hcas: list[str] = []
+        granted: dict[str, Hca] = {}
         for name in requests:
             device = self._devices.get(name)
             if device is None:
@@ -131,10 +140,13 @@ class Preparer:
                 raise PrepareError(f"device {name}: none of its HCAs is usable now")
             allocations[f"{claim.uid}-{name}"] = policy.allocation(view, usable, self.dev_root)
             hcas += [h for h in usable if h not in hcas]
+            granted |= {h.name: h for h in view.hcas if h.name in usable}
+        env = {HCAS_ENV: ",".join(hcas)}
+        if self._host_network_only(claim, obj):
+            env |= _nccl(claim, [granted[h] for h in hcas])
         # one env for the whole claim: each device sets it, to the same value
         allocations = {
-            n: policy.Allocation(a.devices, {**a.envs, HCAS_ENV: ",".join(hcas)})
-            for n, a in allocations.items()
+            n: policy.Allocation(a.devices, {**a.envs, **env}) for n, a in allocations.items()
         }
         content = cdi.spec(self.cdi_kind, allocations)
         devices = tuple(
@@ -151,12 +163,36 @@ class Preparer:
         )
         return Prepared(claim.namespace, claim.name, devices, content)
 
-    def _allocated(self, claim: ClaimRef) -> list[dict[str, str]]:
+    def _claim(self, claim: ClaimRef) -> dict[str, Any]:
         path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
         try:
-            obj = self.api.call("GET", path)
+            return cast(dict[str, Any], self.api.call("GET", path))
         except KubeApiError as exc:
             raise PrepareError(f"cannot read claim {claim.namespace}/{claim.name}: {exc}") from exc
+
+    def _host_network_only(self, claim: ClaimRef, obj: dict[str, Any]) -> bool:
+        """Whether every pod the claim is reserved for is on the host network. A pod that
+        cannot be read counts as off it: its podenv init container still has the settings."""
+        status = cast(dict[str, Any], obj.get("status") or {})
+        consumers = cast(list[dict[str, str]], status.get("reservedFor") or [])
+        pods = [c for c in consumers if c.get("resource") == "pods" and not c.get("apiGroup")]
+        if not pods or len(pods) != len(consumers):
+            return False
+        for pod in pods:
+            path = f"/api/v1/namespaces/{claim.namespace}/pods/{pod.get('name', '')}"
+            try:
+                spec = cast(dict[str, Any], self.api.call("GET", path).get("spec") or {})
+            except KubeApiError as exc:
+                logger.warning(
+                    "claim %s/%s: no NCCL settings in its spec: cannot read pod %s (%s)",
+                    claim.namespace, claim.name, pod.get("name"), exc,
+                )  # fmt: skip
+                return False
+            if spec.get("hostNetwork") is not True:
+                return False
+        return True
+
+    def _allocated(self, claim: ClaimRef, obj: dict[str, Any]) -> list[dict[str, str]]:
         if obj["metadata"].get("uid") != claim.uid:
             raise PrepareError(
                 f"claim {claim.namespace}/{claim.name} has UID {obj['metadata'].get('uid')}, not "
@@ -173,6 +209,17 @@ class Preparer:
                 f"node {self.node}"
             )
         return ours
+
+
+def _nccl(claim: ClaimRef, hcas: list[Hca]) -> dict[str, str]:
+    """NCCL's settings for host-network pods: the host's GID on the granted HCAs. None when
+    there is no usable one: the pod's podenv says why, where its owner sees it."""
+    try:
+        return choose(hcas, namespace_addresses(), family_for(host_network=True)).env()
+    except (NoGidError, OSError) as exc:
+        logger.warning("claim %s/%s: no NCCL settings in its spec: %s", claim.namespace,
+                       claim.name, exc)  # fmt: skip
+        return {}
 
 
 def load_checkpoint(path: Path) -> dict[str, Prepared]:

@@ -28,6 +28,8 @@ from typing import get_args
 
 from plugin.core.discovery.model import Hca
 from plugin.core.discovery.sysfs import SysfsDiscovery
+from plugin.core.gidchoice import COMPUTED, Choice, NoGidError, choose
+from plugin.core.netaddrs import namespace_addresses
 from plugin.core.terminal import Parser, say
 from plugin.core.userfiles import described, why_not_writable, write_atomically
 from plugin.launch import (
@@ -38,8 +40,6 @@ from plugin.launch import (
     PodenvSpec,
     family_for,
 )
-from plugin.podenv.gidchoice import COMPUTED, Choice, NoGidError, choose
-from plugin.podenv.netaddrs import namespace_addresses
 
 
 def auto_family(hcas: Sequence[Hca], ifnames: set[str]) -> Family:

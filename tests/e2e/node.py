@@ -15,7 +15,7 @@ from plugin.launch import DEFAULT_CDI_DIR, DraLaunchSpec, LaunchSpec
 from tests.e2e.cluster import DEVICE_PLUGIN_DIR, NODE
 from tests.e2e.procs import Proc, eventually
 from tests.plugin.plugin_process import free_port
-from tests.plugin.sysfs_tree import SysfsTree, two_mlx5
+from tests.plugin.sysfs_tree import PortSpec, SysfsTree, two_mlx5
 
 CDI_DIR = DEFAULT_CDI_DIR  # where containerd 2 reads CDI specs (its default)
 
@@ -111,6 +111,9 @@ pools:
 # The fixture's PCIe roots: a shared pair and an exclusive pair, one of each under each root
 PCIE_ROOTS = {"mlx5_0": "pci0000:17", "mlx5_1": "pci0000:97",
               "mlx5_2": "pci0000:17", "mlx5_3": "pci0000:97"}  # fmt: skip
+# Every fixture HCA's RoCE v2 GID 0 carries this address: where a test puts it on a host link,
+# the driver (on the host network) finds the host's GID for host-network pods.
+ROCE_ADDRESS = "10.250.77.1"
 
 
 class DraDriver:
@@ -122,7 +125,11 @@ class DraDriver:
         self.tree = SysfsTree(root / "dra-node").rdma_cm()
         for i, (name, pcie_root) in enumerate(PCIE_ROOTS.items()):
             self.tree.add_pci_hca(
-                name, pci=f"0000:{0x1A + i:02x}:00.0", numa=i // 2, pcie_root=pcie_root
+                name,
+                pci=f"0000:{0x1A + i:02x}:00.0",
+                numa=i // 2,
+                pcie_root=pcie_root,
+                ports=[PortSpec(gids=[(ROCE_ADDRESS, "RoCE v2")])],
             )
         self.dev_numbers = make_char_devices(self.tree)
         self.config = root / "dra.yaml"

@@ -6,6 +6,7 @@ restarts, uninstall."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,8 @@ from plugin.dra.devices import PCIE_ROOT_ATTRIBUTE, device_class, device_class_n
 from plugin.launch import DRA_DRIVER
 from tests.e2e.cluster import BUSYBOX_IMAGE, NODE, Cluster
 from tests.e2e.kube import Api, ApiError, pod_gone
-from tests.e2e.node import PCIE_ROOTS, DraDriver
-from tests.e2e.procs import eventually
+from tests.e2e.node import PCIE_ROOTS, ROCE_ADDRESS, DraDriver
+from tests.e2e.procs import eventually, run
 from tests.e2e.scenario import LISTING, hex_numbers, read_listing
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -135,6 +136,56 @@ def test_a_shared_claim_is_allocated_prepared_and_its_pod_sees_exactly_its_devic
     (spec_file,) = dra.cdi_specs()
     spec = json.loads(spec_file.read_text())
     assert spec["kind"] == f"{DRA_DRIVER}/hca"
+
+
+# 2b ----------------------------------------------------------------------------------------
+ROCE_LINK = "ljr-roce0"
+
+
+@pytest.fixture
+def roce_link() -> Iterator[str]:
+    """A dummy host link with the address the fixture HCAs' RoCE v2 GID 0 carries: to the
+    driver, the host's RDMA network."""
+    delete = ["ip", "link", "delete", ROCE_LINK]
+    subprocess.run(delete, capture_output=True, check=False)  # left by a run killed outright
+    run(["ip", "link", "add", ROCE_LINK, "type", "dummy"])
+    run(["ip", "address", "add", f"{ROCE_ADDRESS}/24", "dev", ROCE_LINK])
+    run(["ip", "link", "set", ROCE_LINK, "up"])
+    yield ROCE_LINK
+    subprocess.run(delete, capture_output=True, check=False)
+
+
+def _env(api: Api, name: str) -> dict[str, str]:
+    def listed() -> str | None:
+        if api.pod(name)["status"].get("phase") != "Running":
+            return None
+        log = api.pod_log(name)
+        return log if "listed" in log.splitlines() else None
+
+    log = eventually(listed, 90, f"pod {name} running and listing its env")
+    return dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
+
+
+def test_a_host_network_pods_claim_carries_nccl_settings_and_a_pod_networks_does_not(
+    api: Api, dra: DraDriver, pods: list[str], roce_link: str
+) -> None:
+    for name, host_network in (("dra-host", True), ("dra-podnet", False)):
+        pod = _claim_pod(name, "shared")
+        pod["spec"]["hostNetwork"] = host_network
+        pod["spec"]["containers"][0]["command"] = ["sh", "-c", "env; echo listed; exec sleep 3600"]
+        pods.append(name)
+        api.create_pod(pod)
+
+    host, podnet = _env(api, "dra-host"), _env(api, "dra-podnet")
+
+    # the host's GID, found by the driver at prepare time: index 0 on both granted HCAs
+    assert host["LINGJUN_RDMA_HCAS"] == "mlx5_0,mlx5_1"
+    assert host["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
+    assert host["NCCL_IB_GID_INDEX"] == "0"
+    assert host["NCCL_SOCKET_IFNAME"] == f"={roce_link}"
+    # its own namespace's GID is for its podenv to find: the driver sets none
+    assert podnet["LINGJUN_RDMA_HCAS"] == "mlx5_0,mlx5_1"
+    assert not [k for k in podnet if k.startswith("NCCL_")]
 
 
 # 3 -----------------------------------------------------------------------------------------

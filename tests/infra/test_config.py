@@ -103,12 +103,18 @@ def test_one_zone_per_vswitch_is_required() -> None:
     message = _error(zoneIds='["z-a", "z-b"]')
 
     assert "lingjun-rdma:zoneIds: one zone per vSwitch CIDR" in message
+    assert "pulumi config set --path 'lingjun-rdma:zoneIds[0]' cn-wulanchabu-c" in message
 
 
 def test_list_key_that_is_not_json_is_refused() -> None:
     message = _error(vswitchCidrs="192.168.0.0/20")
 
     assert "lingjun-rdma:vswitchCidrs: not a JSON list (got text of 14 characters)" in message
+    # the CLI refuses a JSON string for an array key: the fix sets the items one by one
+    assert "(pulumi config set --path 'lingjun-rdma:vswitchCidrs[0]' 192.168.0.0/20, then" in (
+        message
+    )
+    assert """render: --set 'vswitchCidrs=["192.168.0.0/20"]')""" in message
 
 
 @pytest.mark.parametrize(
@@ -359,3 +365,18 @@ def test_namespace_must_be_a_kubernetes_namespace_name(name: str) -> None:
 
     assert "lingjun-rdma:namespace: not a Kubernetes namespace name" in message
     assert "pulumi config set lingjun-rdma:namespace lingjun-rdma" in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("namespace", "lingjun-rdma\n"),
+        ("namespace", "default\n"),  # not a way around the refusal of a system namespace
+        ("rdmaResourceName", "rdma/hca\n"),
+        ("pluginAwaitTimeout", "10m\n"),
+        ("jobAwaitTimeout", "30m\n"),
+    ],
+)
+def test_a_trailing_newline_is_no_part_of_a_valid_value(key: str, value: str) -> None:
+    # a YAML block scalar (`key: |`) ends its value with one
+    assert f"lingjun-rdma:{key}:" in _error(**{key: value})

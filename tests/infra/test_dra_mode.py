@@ -62,7 +62,7 @@ def test_the_driver_is_unprivileged_and_mounts_only_the_dirs_it_writes_and_reads
     assert pod["automountServiceAccountToken"] is True
 
 
-def test_its_rbac_is_its_slices_and_reading_claims_only() -> None:
+def test_its_rbac_is_its_slices_and_reading_claims_and_pods_only() -> None:
     result = run("local", *DRA)
 
     role = k8s_object(result, "ClusterRole", "rdma-device-plugin")
@@ -73,6 +73,7 @@ def test_its_rbac_is_its_slices_and_reading_claims_only() -> None:
             "verbs": ["get", "list", "watch", "create", "update", "delete"],
         },
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
     ]
     binding = k8s_object(result, "ClusterRoleBinding", "rdma-device-plugin")
     assert binding["subjects"] == [

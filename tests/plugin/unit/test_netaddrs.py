@@ -7,8 +7,7 @@ import ipaddress
 import socket
 import struct
 
-from plugin.core.rtnetlink import NLMSG_DONE, NLMSGHDR
-from plugin.podenv.netaddrs import (
+from plugin.core.netaddrs import (
     IFA_ADDRESS,
     IFA_F_TENTATIVE,
     IFA_FLAGS,
@@ -16,6 +15,7 @@ from plugin.podenv.netaddrs import (
     RTM_NEWADDR,
     parse,
 )
+from plugin.core.rtnetlink import NLMSG_DONE, NLMSGHDR
 
 
 def _attr(kind: int, payload: bytes) -> bytes:

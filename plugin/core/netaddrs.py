@@ -7,8 +7,8 @@ import ipaddress
 import socket
 import struct
 
+from plugin.core.gidchoice import NsAddress
 from plugin.core.rtnetlink import NLMSG_DONE, NLMSG_ERROR, NLMSGHDR, attributes, messages
-from plugin.podenv.gidchoice import NsAddress
 
 _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, ifindex
 RTM_NEWADDR = 20
