@@ -56,12 +56,14 @@ def guard(main: Callable[[], int], *, on_signal: Callable[[int], None] | None = 
     # From here on a signal raises nothing: Python waits for the threads of the run (Pulumi's
     # read a child's output to its end) before it exits, and an exception would break that.
     # `on_signal` still runs: a second stop signal while a child is cancelling must reach it.
+    # Without one the signal is ignored: the work is done, and the interpreter's finalization
+    # puts back the default (a silent death) for any handler written in Python.
     def at_exit(signum: int, frame: object) -> None:
         if on_signal is not None:
             on_signal(signum)
 
     for sig in STOPS:
-        signal.signal(sig, at_exit)
+        signal.signal(sig, signal.SIG_IGN if on_signal is None else at_exit)
     if _received is not None and code != 128 + _received:
         _say(_received)
         code = 128 + _received

@@ -75,9 +75,11 @@ def test_up_in_dra_mode_runs_the_driver_and_a_jobs_pod_gets_its_devices_through_
         get(api, f"{RESOURCE}/deviceclasses/{device_class_name(DRA_DRIVER, mode)}")
     # published with the pod's own token: its ClusterRole is all RBAC lets it use
     devices = eventually(
-        lambda: (d := [x["name"] for s in _slices(api) for x in s["spec"]["devices"]])
-        and len(d) == DEFAULT_MAX_ALLOCATIONS
-        and d,
+        lambda: (
+            (d := [x["name"] for s in _slices(api) for x in s["spec"]["devices"]])
+            and len(d) == DEFAULT_MAX_ALLOCATIONS
+            and d
+        ),
         60,
         f"the default pool's {DEFAULT_MAX_ALLOCATIONS} share devices in the node's slices",
     )

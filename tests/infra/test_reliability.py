@@ -932,3 +932,24 @@ def test_a_read_only_mount_point_as_out_says_so(mounted_out: Path, tmp_path: Pat
     assert done.stderr.splitlines() == [
         f"render: local: error: --out {mounted_out}: cannot write in it (Read-only file system)"
     ]
+
+
+def test_after_the_work_a_stop_signal_is_ignored_not_left_to_finalization(tmp_path: Path) -> None:
+    # The interpreter's finalization puts SIG_DFL back for a handler written in Python: a
+    # SIGTERM then, with the render written, killed it silently (-15). Ignored, it exits 0.
+    program = (
+        "import atexit, sys\n"
+        "from infra.interrupt import guard\n"
+        "def show():\n"
+        "    status = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+        "    print(int(status['SigIgn'], 16) >> 14 & 1, int(status['SigCgt'], 16) >> 14 & 1)\n"
+        "atexit.register(show)\n"
+        "guard(lambda: 0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)}, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "0"]  # SIGTERM (bit 14): ignored, not caught
