@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from infra.credentials import CREDENTIAL_KEYS, SECRET
-from infra.keys import LIST_KEYS, PROJECT, PROJECT_DIR, StackConfigError, unknown_key_problems
+from infra.keys import (
+    KNOWN_KEYS,
+    LIST_KEYS,
+    PROJECT,
+    PROJECT_DIR,
+    StackConfigError,
+    unknown_key_problems,
+)
 from plugin.core.userfiles import (
     ParseError,
     UnreadableError,
@@ -57,6 +64,15 @@ def stack_config(
     """Pulumi.yaml defaults, then stacks/Pulumi.<stack>.yaml, then KEY=VALUE overrides."""
     stack_file = find_stack_file(stack, project_dir)
     defaults = _config_section(project_dir / "Pulumi.yaml", project=True)
+    declared = sorted(
+        k.removeprefix(f"{PROJECT}:") for k in defaults if _qualify(k).startswith(f"{PROJECT}:")
+    )
+    extra = [k for k in declared if k not in KNOWN_KEYS]
+    if extra:  # the project's own file: its key names are quoted
+        raise StackFileError(
+            f"Pulumi.yaml: declares {', '.join(extra[:3])}, which the program does not read: "
+            "remove it from Pulumi.yaml, or give it a field in infra/keys.py"
+        )
     values = _config_section(stack_file, project=False)
     config: dict[str, str] = {}
     secret_keys: list[str] = []

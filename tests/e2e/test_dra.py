@@ -144,11 +144,11 @@ ROCE_LINK = "ljr-roce0"
 
 @pytest.fixture
 def roce_link() -> Iterator[str]:
-    """A dummy host link with the address the fixture HCAs' RoCE v2 GID 0 carries: to the
-    driver, the host's RDMA network."""
+    """A host link (a veth: no dummy module in every kernel) with the address the fixture
+    HCAs' RoCE v2 GID 0 carries: to the driver, the host's RDMA network."""
     delete = ["ip", "link", "delete", ROCE_LINK]
     subprocess.run(delete, capture_output=True, check=False)  # left by a run killed outright
-    run(["ip", "link", "add", ROCE_LINK, "type", "dummy"])
+    run(["ip", "link", "add", ROCE_LINK, "type", "veth", "peer", "name", f"{ROCE_LINK}p"])
     run(["ip", "address", "add", f"{ROCE_ADDRESS}/24", "dev", ROCE_LINK])
     run(["ip", "link", "set", ROCE_LINK, "up"])
     yield ROCE_LINK

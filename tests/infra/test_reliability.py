@@ -593,6 +593,22 @@ def test_a_pulumi_yaml_of_another_project_is_refused(tmp_path: Path) -> None:
         stack_config("x", project_dir=project)
 
 
+def test_a_key_pulumi_yaml_declares_but_the_program_does_not_read_is_named_there(
+    tmp_path: Path,
+) -> None:
+    project = _project_copy(tmp_path, "config: {}\n")
+    declared = (project / "Pulumi.yaml").read_text()
+    (project / "Pulumi.yaml").write_text(declared + "  newKey:\n    type: string\n    default: x\n")
+
+    with pytest.raises(StackFileError) as caught:
+        stack_config("x", project_dir=project)
+
+    assert str(caught.value) == (
+        "Pulumi.yaml: declares newKey, which the program does not read: remove it from "
+        "Pulumi.yaml, or give it a field in infra/keys.py"
+    )
+
+
 @pytest.mark.parametrize(
     ("override", "said"),
     [
