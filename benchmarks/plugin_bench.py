@@ -16,6 +16,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,14 +25,15 @@ import grpc
 
 from plugin.config import PluginConfig, Pool
 from plugin.core import pool as policy
+from plugin.core.counters import PORT_COUNTERS, metrics_for
 from plugin.core.discovery.model import CharDevices, Hca, Port
 from plugin.core.sockets import CHANNEL_OPTIONS
 from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.deviceplugin.wire import list_and_watch_response
-from plugin.launch import socket_name
+from plugin.launch import LaunchSpec, socket_name
 from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.plugin_process import PluginProcess
-from tests.plugin.sysfs_tree import two_mlx5
+from tests.plugin.sysfs_tree import PortSpec, SysfsTree, two_mlx5
 from tests.plugin.veth_netns import ip, veth_netns
 
 ECHO_SERVER = """
@@ -59,6 +61,38 @@ SOAK_OPS = int(os.environ.get("BENCH_SOAK_OPS", "20000"))
 SOAK_FLIP_EVERY, SOAK_RESTART_EVERY = 100, 500
 # A restart not re-registered by then shows as a sample of this many seconds.
 RESTART_LIMIT = 30.0
+# mlx5's hw_counters on a ConnectX-6 (rdma statistic show), for P7's node.
+MLX5_HW_COUNTERS = [
+    "rx_write_requests",
+    "rx_read_requests",
+    "rx_atomic_requests",
+    "out_of_buffer",
+    "out_of_sequence",
+    "duplicate_request",
+    "rnr_nak_retry_err",
+    "packet_seq_err",
+    "implied_nak_seq_err",
+    "local_ack_timeout_err",
+    "rx_dct_connect",
+    "resp_local_length_error",
+    "resp_cqe_error",
+    "req_cqe_error",
+    "req_remote_invalid_request",
+    "req_remote_access_errors",
+    "resp_remote_access_errors",
+    "resp_cqe_flush_error",
+    "req_cqe_flush_error",
+    "roce_adp_retrans",
+    "roce_adp_retrans_to",
+    "roce_slow_restart",
+    "roce_slow_restart_cnps",
+    "roce_slow_restart_trans",
+    "rp_cnp_ignored",
+    "rp_cnp_handled",
+    "np_ecn_marked_roce_packets",
+    "np_cnp_sent",
+    "rx_icrc_encapsulated",
+]
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -181,6 +215,7 @@ class Bench:
             await self.peer.stop()
             shutil.rmtree(self.tmp, ignore_errors=True)
         p5()
+        await p7()
 
     async def p1_allocate(self, n: int = 2000) -> None:
         echo_sock = self.tmp / "echo.sock"
@@ -454,6 +489,69 @@ def p5(n: int = 10_000) -> None:
             f" one message per ID: {plain * 1e3:6.2f} ms = {plain / build:.1f}x)"
             f"   preferred allocation {prefer * 1e3:6.2f} ms (goal <= 5)"
         )
+
+
+async def p7(scrapes: int = 200) -> None:
+    """/metrics with the port counters of 8 HCAs x 2 ports (every counters/ file and mlx5's
+    hw_counters) on and off: render time in process, then a plugin's RSS and CPU per scrape
+    over HTTP."""
+    tmp = Path(tempfile.mkdtemp(prefix="ljb7"))
+    try:
+        tree = SysfsTree(tmp / "node").rdma_cm()
+        for i in range(8):
+            ports = [PortSpec(netdev=f"eth{i}p{n}") for n in range(2)]
+            tree.add_pci_hca(f"mlx5_{i}", pci=f"0000:{0x10 + i:02x}:00.0", numa=i // 4, ports=ports)
+            for n in (1, 2):
+                for name in PORT_COUNTERS:
+                    tree.set_counter(f"mlx5_{i}", n, name, str(n * 1_000_000_007))
+                for name in MLX5_HW_COUNTERS:
+                    tree.set_counter(f"mlx5_{i}", n, name, "12345", hw=True)
+        renders: dict[str, list[float]] = {}
+        for switch in ("off", "on"):
+            metrics = metrics_for(LaunchSpec(sysfs_root=tree.sys, port_counters=switch))
+            renders[switch] = time_calls(metrics.render, scrapes)
+        size = len(metrics_for(LaunchSpec(sysfs_root=tree.sys)).render())
+        print(f"P7 /metrics render, 8 HCAs x 2 ports, counters off  {fmt_ms(renders['off'])}")
+        print(f"P7 /metrics render, counters on ({size} bytes)  {fmt_ms(renders['on'])}")
+        for switch in ("off", "on"):
+            root = tmp / switch
+            root.mkdir()
+            plugin = PluginProcess(root, root / "dp", sysfs=tree.sys, dev=tree.dev)
+            await plugin.start(port_counters=switch, rescan_interval=5.0)
+            assert plugin.proc is not None
+            url = f"http://127.0.0.1:{plugin.metrics_port}/metrics"
+            try:
+                await asyncio.to_thread(_scrape_when_up, url)
+                cpu0 = _cpu_seconds(plugin.proc.pid)
+                t0 = time.perf_counter()
+                for _ in range(scrapes):
+                    await asyncio.to_thread(_scrape_when_up, url)
+                took = time.perf_counter() - t0
+                cpu = _cpu_seconds(plugin.proc.pid) - cpu0
+                rss = status_kib(plugin.proc.pid, "VmRSS")
+            finally:
+                await plugin.terminate()
+            print(
+                f"P7 plugin, counters {switch:3}: {took / scrapes * 1e3:6.2f} ms a scrape over "
+                f"HTTP, plugin CPU {cpu / scrapes * 1e3:6.2f} ms a scrape, RSS {mib(rss)}"
+            )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _scrape_when_up(url: str) -> bytes:
+    for _ in range(200):
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return r.read()
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url}: no answer in 10 s")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def plain_response(view: policy.PoolView) -> api_pb2.ListAndWatchResponse:

@@ -84,6 +84,7 @@ class Keys(BaseModel):
     rdma_pool_mode: Literal["shared", "exclusive"]
     rdma_api: Literal["devicePlugin", "dra"]
     rdma_rescan_interval: int
+    rdma_port_counters: Flag
     namespace: str
     plugin_image: str | None = None
     plugin_image_build: Flag

@@ -78,6 +78,7 @@ def plugin_launch(k: Keys) -> tuple[LaunchSpec | DraLaunchSpec | None, list[str]
             config=DEFAULT_CONFIG_PATH,
             discovery="sysfs",
             rescan_interval=k.rdma_rescan_interval,
+            port_counters="on" if k.rdma_port_counters else "off",
         )
     except LaunchError:
         key = "rdmaRescanInterval"

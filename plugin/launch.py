@@ -77,6 +77,7 @@ DiscoveryKind = Literal["auto", "verbs", "sysfs"]
 # per port), longer is no backstop at all.
 RESCAN_INTERVAL_RANGE = (0.1, 3600.0)
 LogLevel = Literal["debug", "info", "warning", "error"]
+OnOff = Literal["on", "off"]
 
 
 class LaunchError(ValueError):
@@ -102,6 +103,8 @@ class CoreSpec:
     # HOST:PORT for /metrics and /healthz; "" disables them.
     metrics_address: str = f"0.0.0.0:{DEFAULT_METRICS_PORT}"
     log_level: LogLevel = "info"
+    # every RDMA port's counters on /metrics ("off" where node_exporter already exports them)
+    port_counters: OnOff = "on"
 
     def __post_init__(self) -> None:
         low, high = RESCAN_INTERVAL_RANGE
@@ -205,12 +208,14 @@ _HELP = {
     "metrics_address": "HOST:PORT for /metrics and /healthz; empty disables",
     "kubeconfig": "API server credentials (default: the pod's service account)",
     "node_name": f"this node's name (default: ${NODE_NAME_ENV})",
+    "port_counters": "every RDMA port's counters and hw_counters on /metrics",
     "cdi_dir": "where the container runtime reads CDI specs (device plugin: unset, device "
     "nodes in Allocate's answer; set, CDI devices)",
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "discovery": get_args(DiscoveryKind),
     "log_level": get_args(LogLevel),
+    "port_counters": get_args(OnOff),
 }
 
 

@@ -30,7 +30,7 @@ class _Sample:
         self._values[self._key] = float(value)
 
 
-class _Family:
+class MetricFamily:
     """One metric family; a labelled sample appears once it is first recorded."""
 
     def __init__(
@@ -83,7 +83,9 @@ class Metrics:
     """The plugin's metrics; one instance per process, passed to whoever records."""
 
     def __init__(self) -> None:
-        self._families: list[_Family] = []
+        self._families: list[MetricFamily] = []
+        # families made fresh at each scrape (the port counters, read from sysfs then)
+        self._collectors: list[Callable[[], list[MetricFamily]]] = []
         self.devices = self._family(
             "rdma_plugin_devices", "Device IDs advertised, by health", "gauge", "resource", "health"
         )
@@ -124,13 +126,18 @@ class Metrics:
 
     def _family(
         self, name: str, help_text: str, kind: Literal["counter", "gauge"], *labels: str
-    ) -> _Family:
-        family = _Family(name, help_text, kind, labels)
+    ) -> MetricFamily:
+        family = MetricFamily(name, help_text, kind, labels)
         self._families.append(family)
         return family
 
+    def collect(self, collector: Callable[[], list[MetricFamily]]) -> None:
+        """Render `collector`'s families too, asking it at each scrape."""
+        self._collectors.append(collector)
+
     def render(self) -> bytes:
-        return "".join(f.render() for f in self._families).encode()
+        fresh = [f for collector in self._collectors for f in collector()]
+        return "".join(f.render() for f in [*self._families, *fresh]).encode()
 
 
 async def serve_http(

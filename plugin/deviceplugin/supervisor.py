@@ -12,10 +12,11 @@ from pathlib import Path
 from plugin.config import ConfigError, PluginConfig, Pool, load_config
 from plugin.core import pool as policy
 from plugin.core.cdi import SpecFile
+from plugin.core.counters import metrics_for
 from plugin.core.discovery.model import Discovery
 from plugin.core.events import DirWatcher
 from plugin.core.health import HealthWatcher
-from plugin.core.metrics import Metrics, serve_http
+from plugin.core.metrics import serve_http
 from plugin.core.terminal import say
 from plugin.deviceplugin.endpoint import Endpoint
 from plugin.launch import DRA_DRIVER, LaunchSpec, cdi_kind, cdi_spec_name
@@ -41,7 +42,7 @@ async def _named(name: str, work: Coroutine[object, object, None]) -> None:
 async def run(spec: LaunchSpec, config: PluginConfig, discovery: Discovery) -> int:
     """Serve until SIGTERM, SIGINT or SIGHUP (0), or until a task crashes (1); a metrics
     address that cannot be bound is a bad flag (2)."""
-    metrics = Metrics()
+    metrics = metrics_for(spec)
     endpoints = {
         p.name: Endpoint(p, spec.dev_root, spec.device_plugin_dir, metrics, _cdi(spec, p))
         for p in config.pools

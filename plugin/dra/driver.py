@@ -14,9 +14,10 @@ import grpc
 
 from plugin.config import PluginConfig
 from plugin.core import pool as policy
+from plugin.core.counters import metrics_for
 from plugin.core.discovery.model import Discovery
 from plugin.core.health import HealthWatcher
-from plugin.core.metrics import Metrics, serve_http
+from plugin.core.metrics import serve_http
 from plugin.core.sockets import grpc_target
 from plugin.core.terminal import say
 from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
@@ -43,7 +44,7 @@ async def run(
     """Serve until SIGTERM, SIGINT or SIGHUP (0) or a crash (1); a metrics address that
     cannot be bound is a bad flag (2)."""
     driver = spec.driver_name
-    metrics = Metrics()
+    metrics = metrics_for(spec)
     preparer = Preparer(
         api,
         driver,

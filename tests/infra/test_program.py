@@ -434,16 +434,26 @@ def test_daemonset_command_and_probes_use_the_plugins_paths_and_port() -> None:
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
 
 
-@pytest.mark.parametrize(("overrides", "interval"), [((), 5.0), (("rdmaRescanInterval=30",), 30.0)])
+@pytest.mark.parametrize(
+    ("overrides", "interval", "counters"),
+    [
+        ((), 5.0, "on"),
+        (("rdmaRescanInterval=30",), 30.0, "on"),
+        (("rdmaPortCounters=false",), 5.0, "off"),
+    ],
+)
 def test_daemonset_command_is_the_launch_spec_the_plugin_parses_back(
-    overrides: tuple[str, ...], interval: float
+    overrides: tuple[str, ...], interval: float, counters: launch.OnOff
 ) -> None:
     command = _daemonset(run("dev", *overrides))["spec"]["template"]["spec"]["containers"][0][
         "command"
     ]
 
     assert launch.parse(command[3:], LaunchSpec) == LaunchSpec(
-        config=DEFAULT_CONFIG_PATH, discovery="sysfs", rescan_interval=interval
+        config=DEFAULT_CONFIG_PATH,
+        discovery="sysfs",
+        rescan_interval=interval,
+        port_counters=counters,
     )
 
 

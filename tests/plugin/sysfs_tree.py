@@ -155,6 +155,10 @@ class SysfsTree:
         _write(base / "state", f"{_STATE_CODES[state]}: {state}")
         _write(base / "phys_state", "5: LinkUp" if state == "ACTIVE" else "3: Disabled")
 
+    def set_counter(self, ibdev: str, port: int, name: str, value: str, hw: bool = False) -> None:
+        """A file of ports/N/counters (or hw_counters), as the driver shows it."""
+        _write(self.port_dir(ibdev, port) / ("hw_counters" if hw else "counters") / name, value)
+
     def remove_device_node(self, chardev: str) -> None:
         (self.dev / "infiniband" / chardev).unlink()
 

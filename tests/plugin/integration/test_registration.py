@@ -239,6 +239,28 @@ async def test_serves_healthz_and_metrics(kubelet: KubeletPeer, plugin: PluginPr
     assert 'rdma_plugin_registrations_total{resource="rdma/hca",result="ok"} 1.0' in metrics
 
 
+async def test_metrics_carry_each_ports_counters_read_at_each_scrape(
+    kubelet: KubeletPeer, plugin: PluginProcess, tree: SysfsTree
+) -> None:
+    tree.set_counter("mlx5_0", 1, "port_rcv_data", "10")
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+    url = f"http://127.0.0.1:{plugin.metrics_port}/metrics"
+
+    def scrape() -> str:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.read().decode()
+
+    before = await asyncio.to_thread(scrape)
+    tree.set_counter("mlx5_0", 1, "port_rcv_data", "25")  # traffic, as the driver counts it
+    tree.set_counter("mlx5_0", 1, "np_ecn_marked_roce_packets", "3", hw=True)
+    after = await asyncio.to_thread(scrape)
+
+    assert 'rdma_port_received_bytes_total{hca="mlx5_0",port="1"} 40.0' in before
+    assert 'rdma_port_received_bytes_total{hca="mlx5_0",port="1"} 100.0' in after
+    assert 'rdma_port_ecn_marked_roce_packets_total{hca="mlx5_0",port="1"} 3.0' in after
+
+
 async def test_waits_for_the_device_plugins_dir_to_appear(
     short_tmp: Path, plugin: PluginProcess
 ) -> None:

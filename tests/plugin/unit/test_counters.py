@@ -1,0 +1,104 @@
+"""Port counters from a fixture sysfs tree, read back by prometheus_client's parser."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from plugin.core.counters import HW_COUNTERS, OTHER, PORT_COUNTERS, collect, metrics_for
+from plugin.launch import LaunchSpec
+from tests.plugin.sysfs_tree import two_mlx5
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _samples(text: str) -> Samples:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _scrape(sysfs: Path) -> Samples:
+    return _samples("".join(f.render() for f in collect(sysfs)))
+
+
+def test_each_file_is_its_tables_counter_per_hca_and_port(tmp_path: Path) -> None:
+    tree = two_mlx5(tmp_path)
+    tree.set_counter("mlx5_0", 1, "port_xmit_data", "1000")  # 4-octet words
+    tree.set_counter("mlx5_0", 1, "link_downed", "2")
+    tree.set_counter("mlx5_1", 1, "port_xmit_data", "5")
+    tree.set_counter("mlx5_1", 1, "out_of_buffer", "7", hw=True)
+    tree.set_counter("mlx5_1", 1, "np_cnp_sent", "18446744073709551615", hw=True)  # u64 max
+
+    got = _scrape(tree.sys)
+
+    mlx5_0 = (("hca", "mlx5_0"), ("port", "1"))
+    mlx5_1 = (("hca", "mlx5_1"), ("port", "1"))
+    assert got == {
+        ("rdma_port_transmitted_bytes_total", mlx5_0): 4000.0,
+        ("rdma_port_link_downed_total", mlx5_0): 2.0,
+        ("rdma_port_transmitted_bytes_total", mlx5_1): 20.0,
+        ("rdma_port_out_of_buffer_total", mlx5_1): 7.0,
+        ("rdma_port_cnp_sent_total", mlx5_1): float(2**64 - 1),
+    }
+
+
+def test_a_driver_counter_the_table_does_not_name_is_kept_under_its_file_name(
+    tmp_path: Path,
+) -> None:
+    tree = two_mlx5(tmp_path)
+    tree.set_counter("mlx5_0", 1, "new_fw_counter", "3", hw=True)
+    tree.set_counter("mlx5_0", 1, "lifespan", "10", hw=True)  # a setting (ms), not a counter
+
+    got = _scrape(tree.sys)
+
+    labels = (("counter", "new_fw_counter"), ("hca", "mlx5_0"), ("port", "1"))
+    assert got == {(OTHER.metric + "_total", labels): 3.0}
+
+
+def test_a_file_that_cannot_be_read_leaves_out_that_file_only(tmp_path: Path) -> None:
+    tree = two_mlx5(tmp_path)
+    tree.set_counter("mlx5_0", 1, "port_rcv_data", "not a number")
+    tree.set_counter("mlx5_0", 1, "symbol_error", "-1")
+    (tree.port_dir("mlx5_0") / "counters" / "port_xmit_data").mkdir()  # EISDIR
+    tree.set_counter("mlx5_0", 1, "port_rcv_packets", "9")
+
+    got = _scrape(tree.sys)
+
+    assert got == {("rdma_port_received_packets_total", (("hca", "mlx5_0"), ("port", "1"))): 9.0}
+
+
+def test_no_rdma_device_is_no_family(tmp_path: Path) -> None:
+    assert collect(tmp_path) == []
+
+
+def test_the_table_gives_every_file_its_own_valid_metric() -> None:
+    metrics = [c.metric for c in [*PORT_COUNTERS.values(), *HW_COUNTERS.values(), OTHER]]
+
+    assert len(set(metrics)) == len(metrics)
+    families = text_string_to_metric_families(
+        "".join(f"# TYPE {m}_total counter\n{m}_total 0\n" for m in metrics)
+    )
+    assert len(list(families)) == len(metrics)
+
+
+def test_the_switch_turns_the_port_counters_off(tmp_path: Path) -> None:
+    tree = two_mlx5(tmp_path)
+    tree.set_counter("mlx5_0", 1, "port_rcv_packets", "9")
+
+    on = metrics_for(LaunchSpec(sysfs_root=tree.sys)).render().decode()
+    off = metrics_for(LaunchSpec(sysfs_root=tree.sys, port_counters="off")).render().decode()
+
+    assert 'rdma_port_received_packets_total{hca="mlx5_0",port="1"} 9.0' in on
+    assert "rdma_port_" not in off
+    assert "rdma_plugin_problems" in off
+
+
+def test_the_readme_names_every_counter_of_the_table() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+
+    for name, counter in [*PORT_COUNTERS.items(), *HW_COUNTERS.items()]:
+        assert f"`{counter.metric}_total`" in readme, name
