@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -63,16 +64,55 @@ def open_stack(
 
 
 _lost_output: list[str] = []
+_last_output = [time.monotonic()]
+# A `pulumi` silent this long is named, once per silence: a hung subcommand says nothing else.
+_SILENCE = 10.0
 
 
 def _out(line: str) -> None:
     """One line of progress on stdout. One that cannot be written (a full disk, a closed pipe)
     is dropped: the engine's operation goes on, and the end says the output was lost."""
+    _last_output[0] = time.monotonic()
     try:
         print(line, flush=True)
     except (OSError, ValueError) as exc:  # ValueError: stdout closed
         if not _lost_output:
             _lost_output.append(str(getattr(exc, "strerror", None) or exc))
+
+
+def _say_when_silent() -> None:
+    """Name the `pulumi` command that has said nothing for _SILENCE seconds (a hung `stack
+    select`, a long step of `up`), once each time it falls silent."""
+
+    def watch() -> None:
+        said_for = None
+        while True:
+            time.sleep(1)
+            last = _last_output[0]
+            if time.monotonic() - last >= _SILENCE and said_for != last:
+                said_for = last
+                say(
+                    f"deploy: {_running_command()} has said nothing for {_SILENCE:g} s; still "
+                    "waiting for it (Ctrl-C cancels)"
+                )
+
+    threading.Thread(target=watch, name="silence", daemon=True).start()
+
+
+def _running_command() -> str:
+    """`pulumi <subcommand>` of the CLI this process runs now (never its arguments: a value
+    may be a secret)."""
+    for pid in children():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        # the binary, or a script run by its interpreter (a version manager's shim)
+        at = next((i for i, w in enumerate(argv[:2]) if Path(w).name == "pulumi"), None)
+        if at is not None:
+            words = [w for w in argv[at + 1 : at + 3] if w and not w.startswith("-")]
+            return "`pulumi " + " ".join(words) + "`" if words else "`pulumi`"
+    return "`pulumi`"
 
 
 def _quiet_output_readers(args: threading.ExceptHookArgs) -> None:
@@ -135,12 +175,18 @@ def pulumi_cli() -> auto.PulumiCommand:
         raise DeployError(
             f"{found}: `pulumi version` exited with {exc.returncode}: {INSTALL}"
         ) from None
+    except FileNotFoundError:  # the file is there: what its #! line names is not
+        raise DeployError(
+            f"{found}: cannot be run: the interpreter its first line (#!) names is missing: "
+            f"{INSTALL}"
+        ) from None
     except (OSError, ValueError) as exc:
         raise DeployError(f"{found}: cannot be run ({exc}): {INSTALL}") from None
 
 
 def _version_within(pulumi: str, seconds: float) -> None:
-    """`pulumi version`, in a session of its own: a hung one is killed with all it started."""
+    """`pulumi version`, in a session of its own: a hung one is killed with all it started,
+    and so is one a stop signal interrupts (it holds no state to cancel)."""
     env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"}
     slow = threading.Timer(1.0, say, [f"deploy: waiting for `{pulumi} version` to answer"])
     slow.start()
@@ -152,12 +198,15 @@ def _version_within(pulumi: str, seconds: float) -> None:
             env=env,
             start_new_session=True,
         ) as proc:
+            _checking_version.set()
             try:
                 proc.communicate(timeout=seconds)
-            except subprocess.TimeoutExpired:
+            except BaseException:  # the timeout, or a KeyboardInterrupt of a stop signal
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 raise
+            finally:
+                _checking_version.clear()
     finally:
         slow.cancel()
     if proc.returncode != 0:
@@ -199,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{shutil.which(pulumi.command) or pulumi.command} "
             f"{pulumi.version}; the engine's output follows"
         )
+        _say_when_silent()
         stack = open_stack(args.stack, args.project_dir, pulumi=pulumi)
         run(args.action, stack, diff=args.diff)
     except DeployError as exc:
@@ -226,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _stops = 0
+_checking_version = threading.Event()
 
 
 def pass_on(signum: int) -> None:
@@ -236,6 +287,8 @@ def pass_on(signum: int) -> None:
     cancel may take minutes (a cluster being created finishes its step); a second stop signal
     kills what still runs."""
     global _stops
+    if _checking_version.is_set():  # `pulumi version` is killed as the signal unwinds
+        return
     _stops += 1
     running = children()
     if _stops > 1:

@@ -66,10 +66,10 @@ class Parser(argparse.ArgumentParser):
         would be echoed."""
         if message.startswith("unrecognized arguments:"):
             count = len(message.split(":", 1)[1].split())
+            example = ", e.g. --set KEY=VALUE" if "--set" in self._option_string_actions else ""
             message = (
                 f"{count} argument(s) it does not take (not quoted back: one may be a secret); "
-                "each flag takes its value after '=' or as the next argument, e.g. "
-                "--set KEY=VALUE"
+                f"each flag takes its value after '=' or as the next argument{example}"
             )
         else:  # argparse's "invalid float value: 'x'", "invalid choice: 'x' (choose from ...)"
             message = _ARGPARSE_QUOTED.sub(r"\1", message)

@@ -4,6 +4,7 @@ a traceback) for what keeps them from starting. Run as a user runs them: their C
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -229,11 +230,14 @@ def _fake_pulumi(directory: Path, script: str) -> str:
          "Minimum version requirement failed"),
         (lambda d: _fake_pulumi(d, "#!/bin/sh\nexit 3\n"), (), "`pulumi version` exited with 3"),
         (lambda d: _fake_pulumi(d, "not a program"), (), "cannot be run ("),
+        (lambda d: _fake_pulumi(d, "#!/nonexistent/sh\necho v3.277.0\n"), (),
+         "cannot be run: the interpreter its first line (#!) names is missing"),
         (lambda d: None, ("--project-dir", "/nonexistent"),
          "deploy: --project-dir /nonexistent: no Pulumi.yaml there"),
         (lambda d: None, ("--stack", "nope"), "deploy: --stack nope: no "),
     ],
-    ids=["no-cli", "too-old", "broken", "not-a-program", "no-project", "no-stack"],
+    ids=["no-cli", "too-old", "broken", "not-a-program", "no-interpreter", "no-project",
+         "no-stack"],
 )  # fmt: skip
 def test_deploy_that_cannot_start_says_why_in_one_line(
     tmp_path: Path, setup: object, args: tuple[str, ...], said: str
@@ -754,7 +758,19 @@ def test_unrecognized_arguments_are_refused_without_being_echoed(tmp_path: Path)
 
     assert done.returncode == 2
     assert "1 argument(s) it does not take (not quoted back" in done.stderr
+    assert "e.g. --set KEY=VALUE (--help lists the flags)" in done.stderr
     assert SENTINEL not in done.stderr
+
+
+def test_a_program_without_set_gives_no_set_example(tmp_path: Path) -> None:
+    done = _cli("plugin.deviceplugin", "--bogus-flag", cwd=tmp_path)
+
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "rdma-device-plugin: error: 1 argument(s) it does not take (not quoted back: one may be "
+        "a secret); each flag takes its value after '=' or as the next argument (--help lists "
+        "the flags)"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -823,6 +839,65 @@ def test_an_adopted_clusters_keys_on_a_stack_that_creates_one_are_refused(tmp_pa
     assert "lingjun-rdma:clusterId: only used with lingjun-rdma:clusterMode: existing" in (
         done.stderr
     )
+
+
+def _alive(pid: int) -> bool:
+    """Running: not gone, and not a zombie (an orphan's, which this machine's init may leave
+    unreaped a while)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_a_stop_while_pulumi_version_hangs_kills_it_and_leaves_nothing_running(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    pids = tmp_path / "pids"
+    script = f"#!/bin/sh\necho $$ >> {pids}; sleep 3600 & echo $! >> {pids}; wait\n"
+    path = _fake_pulumi(tmp_path / "bin", script)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    assert "deploy: waiting for" in proc.stderr.readline()  # after 1 s of no answer
+    proc.send_signal(sig)
+    _, rest = proc.communicate(timeout=60)
+
+    assert proc.returncode == 128 + sig, rest
+    assert rest.splitlines() == [f"deploy: stopped by {sig.name}"]
+    started = [int(pid) for pid in pids.read_text().split()]
+    assert len(started) == 2  # `pulumi version` and what it started
+    assert [pid for pid in started if _alive(pid)] == []
+
+
+def test_a_pulumi_subcommand_that_says_nothing_is_named_after_a_while(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    script = (
+        '#!/bin/sh\n[ "$1" = version ] && { echo v3.277.0; exit 0; }\n'
+        f"echo $$ >> {pids}; sleep 3600 & echo $! >> {pids}; wait\n"
+    )
+    path = _fake_pulumi(tmp_path / "bin", script)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        line = proc.stderr.readline()  # after the engine's first command was silent for 10 s
+    finally:
+        proc.kill()
+        proc.communicate()
+        for pid in pids.read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+
+    assert re.fullmatch(r"deploy: `pulumi [a-z]+( [a-z]+)?` .*\n", line), line
+    assert line.endswith(" has said nothing for 10 s; still waiting for it (Ctrl-C cancels)\n")
 
 
 def test_a_stop_during_the_engine_is_said_at_once_and_a_second_stop_kills_it(
