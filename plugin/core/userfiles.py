@@ -129,6 +129,16 @@ class ParseError(ValueError):
     """Text that is not valid YAML or JSON, or that repeats a key; the message says where."""
 
 
+# What YAML's messages quote from the text (a tag, an alias, an anchor), and what they quote
+# of their own (a token: '<scalar>', a ':').
+_QUOTED = re.compile(r"'([^'\s<][^'\s]+)'")
+
+
+def _unquoted(message: str) -> str:
+    """A parser's message with the file's text it quotes described: it may be a secret."""
+    return _QUOTED.sub(lambda m: f"({described(m.group(1))})", message)
+
+
 def parse_yaml(text: str) -> Any:
     """YAML (JSON included) with no repeated key and no number over MAX_DIGITS digits.
     A text that starts with `{` is tried as JSON first: that needs no YAML parser (whose import
@@ -159,7 +169,7 @@ def parse_yaml(text: str) -> Any:
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         # "expected a single document in the stream, but found another document"
         said = ", ".join(p for p in (exc.context, exc.problem) if p) or str(exc)
-        raise ParseError(f"{at}{said}") from None
+        raise ParseError(f"{at}{_unquoted(said)}") from None
     except yaml.reader.ReaderError as exc:  # a character YAML does not allow, e.g. NUL
         char: object = exc.character
         code = char if isinstance(char, int) else ord(str(char)[:1] or "\0")

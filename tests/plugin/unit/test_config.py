@@ -92,6 +92,8 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
         ({"pools": [{"name": "a", "selector": {"ibdevs": "mlx5_*"}}]}, "expected a list of text"),
         ({"version": "v2"}, "version: not one of v1 (got text of 2 characters): fix this value"),
         ({"nonHostNetwork": "sometimes"}, "nonHostNetwork: not true or false (got text of 9"),
+        ({"pools": [{"name": "hca\n"}]}, "pools[0].name: "),  # a kubelet refuses it at Register
+        ({"pools": [{"name": "hca", "prefix": "rdma\n"}]}, "pools[0].prefix: "),
     ],
 )
 def test_bad_config_names_the_field(data: object, message: str) -> None:

@@ -137,6 +137,21 @@ def test_yaml_errors_are_one_whole_sentence(text: str, said: str) -> None:
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("token: !S3CRET-tag x\n", "for the tag (text of 11 characters)"),
+        ("a: [1, 2\n", "did not find expected ',' or ']'"),  # its own tokens stay quoted
+    ],
+)
+def test_yaml_errors_describe_what_they_would_quote_of_the_file(text: str, said: str) -> None:
+    with pytest.raises(ParseError) as caught:
+        parse_yaml(text)
+
+    assert said in str(caught.value)
+    assert "S3CRET" not in str(caught.value)
+
+
 def test_yaml_is_read_as_yaml_1_2_reads_it() -> None:
     text = "a: yes\nb: on\nc: true\nd: 017\ne: 0o17\nf: 0x1f\ng: 1:30\nh: -5\n"
 
