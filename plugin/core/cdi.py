@@ -5,13 +5,16 @@ every front end."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from plugin.core.pool import Allocation
-from plugin.core.userfiles import write_atomically
+from plugin.core.userfiles import UnreadableError, read_text, why_not_writable, write_atomically
+
+logger = logging.getLogger(__name__)
 
 # The newest spec version these edits need is 0.3.0 (device nodes, env); 0.6.0 is what
 # containerd 1.7 and 2.x all read. ACK's containerd 2.1 reads none newer than 1.0.0.
@@ -63,27 +66,54 @@ class SpecFile:
     """One spec file whose devices are added as they are handed out and kept: a runtime
     resolves a CDI device again whenever it re-creates a container (a restart in the pod), so a
     name given out must resolve for as long as the file exists, across restarts of ours too
-    (the devices of the file found at start are kept)."""
+    (the devices of the file found at start are kept). A file at its name that is not a spec
+    of ours is never overwritten: each allocation is refused, naming it, until it is moved."""
 
     def __init__(self, cdi_dir: Path, file_name: str, kind: str) -> None:
         self.cdi_dir = cdi_dir
         self.file_name = file_name
         self.kind = kind
         self._devices: dict[str, object] = {}
+        self.problem = self._load()
+        why = why_not_writable(cdi_dir) if cdi_dir.exists() else None
+        for problem in (self.problem, why and f"--cdi-dir {cdi_dir} {why}: CDI allocations fail"):
+            if problem:
+                logger.error("%s", problem)
+
+    @property
+    def path(self) -> Path:
+        return self.cdi_dir / self.file_name
+
+    def _load(self) -> str | None:
+        """The devices of a spec of ours found at start, or why the file there is not one."""
         try:
-            found = json.loads((cdi_dir / file_name).read_text())
-            if found.get("kind") == kind:
-                self._devices = {d["name"]: d for d in found["devices"]}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            pass  # none yet, or not one we can extend: written anew
+            found: Any = json.loads(read_text(self.path))
+            if not isinstance(found, dict) or cast(dict[str, Any], found).get("kind") != self.kind:
+                return f"{self.path}: not a CDI spec of {self.kind}: move it away"
+            entries = cast(list[dict[str, object]], found["devices"])
+            self._devices = {cast(str, d["name"]): d for d in entries}
+        except UnreadableError as exc:
+            return None if exc.missing else f"{self.path}: {exc}: move it away"
+        except (ValueError, KeyError, TypeError):
+            return f"{self.path}: not a CDI spec of {self.kind}: move it away"
+        return None
 
     def add(self, name: str, allocation: Allocation) -> str:
         """The device's fully qualified ID, its edits in the file first."""
+        if self.problem is not None:
+            raise CdiError(self.problem)
         (entry,) = cast(list[object], spec(self.kind, {name: allocation})["devices"])
         if self._devices.get(name) != entry:
-            self._devices[name] = entry
+            devices = {**self._devices, name: entry}
             content = {"cdiVersion": CDI_VERSION, "kind": self.kind}
-            write_spec(
-                self.cdi_dir, self.file_name, {**content, "devices": [*self._devices.values()]}
-            )
+            try:
+                write_spec(
+                    self.cdi_dir, self.file_name, {**content, "devices": [*devices.values()]}
+                )
+            except OSError as exc:
+                why = why_not_writable(self.cdi_dir) or exc.strerror or str(exc)
+                raise CdiError(
+                    f"--cdi-dir {self.cdi_dir}: cannot write {self.file_name} there: {why}"
+                ) from None
+            self._devices = devices
         return device_id(self.kind, name)

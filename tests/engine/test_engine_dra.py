@@ -73,17 +73,21 @@ def test_up_in_dra_mode_runs_the_driver_and_a_jobs_pod_gets_its_devices_through_
     assert ready["Ready"] == "True"
     for mode in MODES:
         get(api, f"{RESOURCE}/deviceclasses/{device_class_name(DRA_DRIVER, mode)}")
+
     # published with the pod's own token: its ClusterRole is all RBAC lets it use
-    devices = eventually(
-        lambda: (
-            (d := [x["name"] for s in _slices(api) for x in s["spec"]["devices"]])
-            and len(d) == DEFAULT_MAX_ALLOCATIONS
-            and d
-        ),
-        60,
-        f"the default pool's {DEFAULT_MAX_ALLOCATIONS} share devices in the node's slices",
-    )
-    assert sorted(devices)[:2] == ["hca-0", "hca-1"]
+    def devices() -> list[str]:
+        return [x["name"] for s in _slices(api) for x in s["spec"]["devices"]]
+
+    try:
+        eventually(
+            lambda: len(devices()) == DEFAULT_MAX_ALLOCATIONS,
+            60,
+            f"the default pool's {DEFAULT_MAX_ALLOCATIONS} share devices in the node's slices",
+        )
+    except AssertionError as exc:
+        log = api.pod_log(pod["metadata"]["name"], NAMESPACE)
+        raise AssertionError(f"{exc}: {len(devices())} devices; the driver's log:\n{log}") from None
+    assert sorted(devices())[:2] == ["hca-0", "hca-1"]
 
     # perftest's pod 0: its claim allocated by the scheduler, prepared by the driver in the
     # DaemonSet's pod; containerd made the devices of the CDI spec in its init container

@@ -5,6 +5,9 @@ restarts (a runtime resolves them again when it re-creates a container)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -80,3 +83,59 @@ async def test_a_cdi_dir_that_cannot_be_written_refuses_the_allocation_naming_wh
 
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     await plugin.said("Allocate refused:")
+
+
+SPEC = "lingjun-rdma-rdma_hca.json"
+
+
+@pytest.mark.parametrize("found", ["other-kind", "fifo", "dev-zero"])
+async def test_a_file_at_the_spec_name_that_is_not_ours_is_never_overwritten_nor_waited_on(
+    kubelet: KubeletPeer, plugin: PluginProcess, short_tmp: Path, found: str
+) -> None:
+    cdi_dir = short_tmp / "cdi"
+    cdi_dir.mkdir()
+    theirs = cdi_dir / SPEC
+    if found == "other-kind":
+        theirs.write_text('{"cdiVersion": "0.6.0", "kind": "user.io/own", "devices": []}')
+    elif found == "fifo":
+        os.mkfifo(theirs)
+    else:
+        theirs.symlink_to("/dev/zero")
+    before = theirs.lstat()
+    await plugin.start(plugin.write_config(EXCLUSIVE), cdi_dir=cdi_dir)
+    reg = await kubelet.wait_registrations(1)  # it serves: nothing blocked its start
+
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await _allocate(reg, "mlx5_0")
+
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"{theirs}: " in str(refused.value.details())
+    assert str(refused.value.details()).endswith(": move it away")
+    after = theirs.lstat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert f"{theirs}: " in plugin.output()  # said at start too
+
+
+@pytest.fixture
+def read_only_dir(short_tmp: Path) -> Iterator[Path]:
+    path = short_tmp / "cdi"
+    path.mkdir()
+    subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], check=True)
+    yield path
+    subprocess.run(["umount", str(path)], check=True)
+
+
+async def test_a_read_only_cdi_dir_is_said_at_start_and_in_the_refusal(
+    kubelet: KubeletPeer, plugin: PluginProcess, read_only_dir: Path
+) -> None:
+    cdi_dir = read_only_dir
+    await plugin.start(plugin.write_config(EXCLUSIVE), cdi_dir=cdi_dir)
+    reg = await kubelet.wait_registrations(1)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await _allocate(reg, "mlx5_0")
+
+    said = f"--cdi-dir {cdi_dir} is on a read-only file system"
+    assert str(refused.value.details()) == (
+        f"--cdi-dir {cdi_dir}: cannot write {SPEC} there: is on a read-only file system"
+    )
+    assert said in plugin.output()
