@@ -6,17 +6,19 @@ account. Blocking: the driver calls it from a thread."""
 from __future__ import annotations
 
 import base64
+import binascii
 import http.client
 import json
 import os
 import ssl
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import urlencode, urlsplit
 
-from plugin.core.userfiles import ParseError, UnreadableError, parse_yaml, read_text
+from plugin.core.userfiles import ParseError, UnreadableError, described, parse_yaml, read_text
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _TIMEOUT = 15.0
@@ -32,6 +34,28 @@ class KubeApiError(RuntimeError):
 
 class CredentialsError(ValueError):
     """No usable credentials: the message names the file or field and the fix."""
+
+
+T = TypeVar("T")
+
+
+def _field(where: str, field: str, read: Callable[[], T], file: str | None = None) -> T:
+    """`read()` of one credential field, or CredentialsError naming the field (and `file`, the
+    path it names) and why; never its value (a key, a token)."""
+    try:
+        return read()
+    except UnreadableError as exc:
+        why = str(exc)
+    except (binascii.Error, UnicodeDecodeError):
+        why = "not base64 of PEM text"
+    except ssl.SSLError as exc:
+        why = f"not what TLS can use ({exc.reason or 'bad PEM'})"
+    except OSError as exc:
+        named = exc.filename or file
+        why = f"{named}: {exc.strerror or exc}" if named else str(exc.strerror or exc)
+    except (ValueError, TypeError) as exc:
+        why = str(exc)
+    raise CredentialsError(f"{where}: {field}: {why}: fix it in the kubeconfig")
 
 
 @dataclass(frozen=True)
@@ -60,20 +84,24 @@ class KubeApi:
                 f"--kubeconfig {path}: no current context with a cluster and server ({exc}): "
                 "`kubectl config view --minify` shows what it holds"
             ) from None
+        where = f"--kubeconfig {path}"
         tls = ssl.create_default_context()
         if cluster.get("insecure-skip-tls-verify"):
             tls.check_hostname = False
             tls.verify_mode = ssl.CERT_NONE
         elif "certificate-authority-data" in cluster:
-            ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
-            tls.load_verify_locations(cadata=ca)
+            data = cluster["certificate-authority-data"]
+            _field(where, "certificate-authority-data", lambda: tls.load_verify_locations(
+                cadata=base64.b64decode(data, validate=True).decode()))  # fmt: skip
         elif "certificate-authority" in cluster:
-            tls.load_verify_locations(cafile=cluster["certificate-authority"])
-        _client_cert(tls, user)
+            ca = str(cluster["certificate-authority"])
+            _field(where, "certificate-authority", lambda: tls.load_verify_locations(cafile=ca), ca)
+        _client_cert(where, tls, user)
         token = user.get("token")
         if token is None and "tokenFile" in user:
-            token = Path(user["tokenFile"]).read_text().strip()
-        return KubeApi.at(server, tls, token)
+            token_file = Path(str(user["tokenFile"]))
+            token = _field(where, "tokenFile", lambda: read_text(token_file, 64 * 1024)).strip()
+        return KubeApi.at(server, tls, token, where)
 
     @staticmethod
     def in_cluster() -> KubeApi:
@@ -83,16 +111,25 @@ class KubeApi:
             raise CredentialsError(
                 "not in a pod (no KUBERNETES_SERVICE_HOST): pass --kubeconfig to run outside one"
             )
-        tls = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
-        token = (SERVICE_ACCOUNT / "token").read_text().strip()
-        return KubeApi.at(f"https://{host}:{port}", tls, token)
+        where = f"the pod's service account ({SERVICE_ACCOUNT})"
+        ca = str(SERVICE_ACCOUNT / "ca.crt")
+        tls = _field(where, "ca.crt", lambda: ssl.create_default_context(cafile=ca))
+        token = _field(where, "token", lambda: read_text(SERVICE_ACCOUNT / "token", 64 * 1024))
+        return KubeApi.at(f"https://{host}:{port}", tls, token.strip(), "KUBERNETES_SERVICE_HOST")
 
     @staticmethod
-    def at(server: str, tls: ssl.SSLContext, token: str | None) -> KubeApi:
-        url = urlsplit(server)
-        if url.scheme != "https" or not url.hostname:
-            raise CredentialsError(f"server {url.scheme}://{url.hostname}: expected https://HOST")
-        return KubeApi(url.hostname, url.port or 443, tls, token)
+    def at(server: str, tls: ssl.SSLContext, token: str | None, where: str) -> KubeApi:
+        try:
+            url = urlsplit(server)
+            host, port = url.hostname, url.port or 443
+        except ValueError:  # a bad IPv6 literal, a port out of range (not quoted: a login?)
+            host, port = None, 0
+            url = None
+        if url is None or url.scheme != "https" or not host:
+            raise CredentialsError(
+                f"{where}: server {described(server)} is not https://HOST[:PORT]: fix it"
+            )
+        return KubeApi(host, port, tls, token)
 
     def call(
         self,
@@ -139,14 +176,26 @@ def _named(items: Any, name: str, default: Any = None) -> Any:
     raise KeyError(name)
 
 
-def _client_cert(tls: ssl.SSLContext, user: dict[str, Any]) -> None:
+def _client_cert(where: str, tls: ssl.SSLContext, user: dict[str, Any]) -> None:
     """A client certificate from files or inline data (ssl loads only files: inline data goes
     through a private temporary dir, removed at once)."""
     if "client-certificate" in user:
-        tls.load_cert_chain(user["client-certificate"], user.get("client-key"))
+        cert, key = str(user["client-certificate"]), user.get("client-key")
+        _field(where, "client-certificate", lambda: tls.load_cert_chain(cert, key), cert)
     elif "client-certificate-data" in user:
+        pem = _field(
+            where,
+            "client-certificate-data",
+            lambda: base64.b64decode(user["client-certificate-data"], validate=True),
+        )
+        key_pem = _field(
+            where,
+            "client-key-data",
+            lambda: base64.b64decode(user.get("client-key-data", ""), validate=True),
+        )
         with tempfile.TemporaryDirectory() as tmp:
             cert, key = Path(tmp) / "crt", Path(tmp) / "key"
-            cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
-            key.write_bytes(base64.b64decode(user.get("client-key-data", "")))
-            tls.load_cert_chain(str(cert), str(key))
+            cert.write_bytes(pem)
+            key.write_bytes(key_pem)
+            _field(where, "client-certificate-data",
+                   lambda: tls.load_cert_chain(str(cert), str(key)))  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from pulumi import automation as auto
 
+from infra.keys import PROJECT_DIR
 from plugin.config import DEFAULT_MAX_ALLOCATIONS
 from plugin.dra.devices import device_class_name
 from plugin.launch import DRA_DRIVER
@@ -43,8 +44,8 @@ MODES = ("shared", "exclusive")
 def local_dra(
     open_engine_stack: OpenStack, workspace: Path, cluster: Cluster, image: str
 ) -> Iterator[auto.Stack]:
-    stacks = workspace / "stacks"
-    (stacks / "Pulumi.local-dra.yaml").write_text((stacks / "Pulumi.local.yaml").read_text())
+    committed = PROJECT_DIR / "stacks" / "Pulumi.local.yaml"  # not the copy test_engine changed
+    (workspace / "stacks" / "Pulumi.local-dra.yaml").write_text(committed.read_text())
     stack = open_engine_stack("local-dra")
     for_this_cluster(stack, cluster, image)
     set_config(stack, "rdmaApi", "dra")

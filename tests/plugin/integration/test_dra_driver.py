@@ -6,6 +6,7 @@ away."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -159,5 +160,71 @@ def test_what_the_driver_refuses_is_one_line(args: tuple[str, ...], said: str) -
 
     assert done.returncode == 2
     (line,) = done.stderr.splitlines()
+    assert said in line
+    assert "S3cret" not in done.stderr
+
+
+def _kubeconfig(cluster: dict[str, object], user: dict[str, object]) -> dict[str, object]:
+    return {
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+
+
+SERVER = "https://127.0.0.1:6443"
+B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
+
+
+@pytest.mark.parametrize(
+    ("cluster", "user", "said"),
+    [
+        ({"server": SERVER, "certificate-authority-data": "not!!base64@@S3cret"}, {},
+         "certificate-authority-data: not base64 of PEM text"),
+        ({"server": SERVER, "certificate-authority-data": base64.b64encode(b"\xff\xfe").decode()},
+         {}, "certificate-authority-data: not base64 of PEM text"),
+        ({"server": SERVER, "certificate-authority-data": B64_SECRET}, {},
+         "certificate-authority-data: not what TLS can use"),
+        ({"server": SERVER, "certificate-authority": "/nonexistent/ca.crt"}, {},
+         "certificate-authority: /nonexistent/ca.crt: No such file or directory"),
+        ({"server": "https://127.0.0.1:99999", "insecure-skip-tls-verify": True}, {},
+         "server text of 23 characters is not https://HOST[:PORT]"),
+        ({"server": "https://[::1", "insecure-skip-tls-verify": True}, {},
+         "server text of 12 characters is not https://HOST[:PORT]"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True},
+         {"client-certificate-data": "bad!!S3cret"}, "client-certificate-data: not base64"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True},
+         {"client-certificate": "/nonexistent/c.crt", "client-key": "/nonexistent/c.key"},
+         "client-certificate: /nonexistent/c.crt: No such file or directory"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True}, {"tokenFile": "FIFO"},
+         "tokenFile: a FIFO, not a regular file"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True}, {"tokenFile": "/dev/zero"},
+         "tokenFile: a character device, not a regular file"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True},
+         {"tokenFile": "/nonexistent/token"}, "tokenFile: No such file or directory"),
+    ],
+    ids=["ca-not-base64", "ca-not-text", "ca-not-pem", "ca-file-missing", "port-out-of-range",
+         "bad-ipv6", "cert-not-base64", "cert-file-missing", "token-fifo", "token-dev-zero",
+         "token-missing"],
+)  # fmt: skip
+def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
+    tmp_path: Path, cluster: dict[str, object], user: dict[str, object], said: str
+) -> None:
+    if user.get("tokenFile") == "FIFO":
+        os.mkfifo(tmp_path / "fifo")
+        user = {"tokenFile": str(tmp_path / "fifo")}
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps(_kubeconfig(cluster, user)))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "plugin.dra", "--discovery", "sysfs", "--node-name", "n1",
+         "--kubeconfig", str(kubeconfig)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"rdma-dra-driver: --kubeconfig {kubeconfig}: "), line
     assert said in line
     assert "S3cret" not in done.stderr
