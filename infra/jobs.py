@@ -97,7 +97,7 @@ class RdmaJobArgs:
     host_network: bool
     # The device plugin's image: it carries the resolver the init container runs.
     plugin_image: pulumi.Input[str]
-    # None: no deadline, and `pulumi up` does not wait (pulumi.com/skipAwait). Else Kubernetes
+    # None: no deadline, and `pulumi up` does not wait (JOB_CREATED). Else Kubernetes
     # fails the Job after this many seconds, and `pulumi up` waits for it to complete or fail.
     deadline_seconds: int | None = None
     # DRA (rdmaApi: dra): the DeviceClass the pods' claim asks `rdma` devices of; None: the
@@ -105,6 +105,12 @@ class RdmaJobArgs:
     device_class: str | None = None
 
 
+# A Job's readiness for `pulumi up` without a deadline: created, not completed. Not
+# pulumi.com/skipAwait: on a Job it skips the delete's await too, and a destroy then removed
+# the plugin while the Job's pods were still terminating (in DRA mode their claims were never
+# unprepared: the pods, and with them the namespace, hung). The delete awaits the pods
+# (foreground, the provider's default).
+JOB_CREATED = "jsonpath={.metadata.uid}"
 # The name of a pod's RDMA claim (its ResourceClaimTemplate is the Job's name + this).
 RDMA_CLAIM = "rdma"
 
@@ -176,7 +182,7 @@ class RdmaJob(pulumi.ComponentResource):
         job_opts = child
         if args.deadline_seconds is None:
             # pulumi-kubernetes otherwise blocks `pulumi up` until the Job completes.
-            annotations["pulumi.com/skipAwait"] = "true"
+            annotations["pulumi.com/waitFor"] = JOB_CREATED
         else:
             # The provider's Job await re-arms its timer on every event it sees, so its timeout
             # alone never fires on a busy Job: Kubernetes enforces the deadline

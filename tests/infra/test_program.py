@@ -13,7 +13,7 @@ from pulumi.runtime.settings import get_monitor
 
 from infra.credentials import SECRET
 from infra.device_plugin import registry_endpoint
-from infra.jobs import LINGJUN_NCCL_ENV, RDMA_ENV_FILE, SAMPLES, job_spec
+from infra.jobs import JOB_CREATED, LINGJUN_NCCL_ENV, RDMA_ENV_FILE, SAMPLES, job_spec
 from infra.keys import StackConfigError
 from infra.offline import RunResult, manifests, normalize, run_program
 from infra.stackfiles import stack_config
@@ -233,11 +233,14 @@ def test_every_configurable_sample_has_a_spec() -> None:
         assert sample.build("i:1").name == name
 
 
-def test_sample_jobs_skip_await_unless_the_stack_sets_a_timeout() -> None:
+def test_sample_jobs_are_awaited_only_to_creation_unless_the_stack_sets_a_timeout() -> None:
     dev_jobs = k8s_objects(run("dev"), "Job")
     prod_jobs = k8s_objects(run("prod"), "Job")
 
-    assert all(j["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true" for j in dev_jobs)
+    # not skipAwait: a destroy must wait for the Jobs' pods before it removes the plugin
+    assert all(
+        j["metadata"]["annotations"] == {"pulumi.com/waitFor": JOB_CREATED} for j in dev_jobs
+    )
     assert all("annotations" not in j["metadata"] for j in prod_jobs)
 
 
