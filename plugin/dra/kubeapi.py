@@ -22,6 +22,8 @@ from plugin.core.userfiles import ParseError, UnreadableError, described, parse_
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _TIMEOUT = 15.0
+# The most of an API server's error message said (a proxy in the way can answer megabytes).
+_SAID = 300
 
 
 class KubeApiError(RuntimeError):
@@ -160,11 +162,19 @@ class KubeApi:
             conn.close()
         if response.status >= 300:
             try:
-                said = json.loads(text).get("message", text)
+                said = str(json.loads(text).get("message", text))
             except (ValueError, AttributeError):
                 said = text
+            said = said if len(said) <= _SAID else f"{said[:_SAID]}… ({len(said)} characters)"
             raise KubeApiError(f"{method} {path}: {response.status} {said}", response.status)
-        return json.loads(text) if text else None
+        try:
+            return json.loads(text) if text else None
+        except ValueError:  # a proxy's page in the way, a server that is not Kubernetes
+            raise KubeApiError(
+                f"{method} {path}: {response.status}, but the answer is not JSON "
+                f"({len(text)} characters): is the kubeconfig's server an API server?",
+                response.status,
+            ) from None
 
 
 def _named(items: Any, name: str, default: Any = None) -> Any:

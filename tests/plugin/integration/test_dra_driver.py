@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import http.server
 import json
 import os
+import ssl
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -30,7 +33,7 @@ from tests.plugin.sysfs_tree import SysfsTree
 
 
 class Driver:
-    def __init__(self, root: Path, tree: SysfsTree) -> None:
+    def __init__(self, root: Path, tree: SysfsTree, server: str | None = None) -> None:
         kubeconfig = root / "kubeconfig"
         closed = free_port()  # nothing listens: the API server is away
         kubeconfig.write_text(
@@ -40,7 +43,7 @@ class Driver:
                         {
                             "name": "c",
                             "cluster": {
-                                "server": f"https://127.0.0.1:{closed}",
+                                "server": server or f"https://127.0.0.1:{closed}",
                                 "insecure-skip-tls-verify": True,
                             },
                         }
@@ -228,3 +231,91 @@ def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
     assert line.startswith(f"rdma-dra-driver: --kubeconfig {kubeconfig}: "), line
     assert said in line
     assert "S3cret" not in done.stderr
+
+
+class OddApi:
+    """An HTTPS server that gives every request the same answer: what a proxy in the way, or a
+    failing API server, says."""
+
+    def __init__(self, root: Path, status: int, body: bytes) -> None:
+        key, cert = root / "api.key", root / "api.crt"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-nodes", "-newkey", "rsa:2048", "-days", "1",
+             "-subj", "/CN=odd", "-keyout", str(key), "-out", str(cert)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+
+        class Answer(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                self.do_GET()
+
+            def do_PUT(self) -> None:
+                self.do_GET()
+
+            def do_DELETE(self) -> None:
+                self.do_GET()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(cert, key)
+        self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "said"),
+    [
+        (200, b"<html>" + b"x" * 5000 + b"</html>", "200, but the answer is not JSON (5013 "),
+        (500, json.dumps({"message": "m" * 200_000}).encode(), "… (200000 characters)"),
+    ],
+    ids=["not-json", "huge-error"],
+)
+async def test_an_odd_api_answer_is_one_bounded_line_and_the_driver_serves_on(
+    short_tmp: Path, tree: SysfsTree, status: int, body: bytes, said: str
+) -> None:
+    api = OddApi(short_tmp, status, body)
+    driver = Driver(short_tmp, tree, api.url)
+    await driver.start()
+    try:
+        for _ in range(100):  # the slices' first attempt, then its retry with backoff
+            if said in driver.log.read_text():
+                break
+            await asyncio.sleep(0.1)
+        assert driver.proc is not None
+        assert driver.proc.returncode is None  # still serving
+    finally:
+        code = await driver.stop()
+        api.close()
+
+    log = driver.log.read_text()
+    assert said in log
+    assert "Traceback" not in log
+    assert max(len(line) for line in log.splitlines()) < 1000
+    assert code == 0
+
+
+def test_a_node_name_from_the_env_is_checked_as_the_flag_is() -> None:
+    env = {**os.environ, "NODE_NAME": "S3cret Value\nINJECTED"}
+    done = subprocess.run(
+        [sys.executable, "-m", "plugin.dra", "--discovery", "sysfs"],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
+    )  # fmt: skip
+
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "rdma-dra-driver: $NODE_NAME text of 21 characters: must be a node's name (a DNS subdomain)"
+    ]
