@@ -4,10 +4,11 @@ options, and what a plain bind or connect says where grpc's own errors say nothi
 from __future__ import annotations
 
 import socket
+import stat
 from pathlib import Path
 from urllib.parse import quote
 
-from plugin.core.userfiles import why_not_writable
+from plugin.core.userfiles import file_kind, why_not_writable
 
 # A fresh subchannel per channel: grpc-python otherwise shares subchannels between channels to
 # the same address, and one that failed while its peer restarted answers from its reconnect
@@ -33,6 +34,21 @@ def bind_problem(path: Path) -> str | None:
             return f"a socket cannot be made there ({exc.strerror})"
     path.unlink(missing_ok=True)
     return None
+
+
+def clear_stale_socket(path: Path) -> None:
+    """`path` freed of a socket a previous server left; anything else there is someone's, and
+    stays: OSError saying so."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(
+            f"{path} is {file_kind(mode)}, not our socket: move it away (only a socket there "
+            "is replaced)"
+        )
+    path.unlink(missing_ok=True)
 
 
 def connect_error(path: Path) -> str:

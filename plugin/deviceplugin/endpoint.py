@@ -18,6 +18,7 @@ from plugin.core.metrics import Metrics
 from plugin.core.sockets import (
     CHANNEL_OPTIONS,
     bind_problem,
+    clear_stale_socket,
     connect_error,
     grpc_target,
     inode,
@@ -265,7 +266,7 @@ class Endpoint:
         self._generation += 1
         if self._server is not None:
             await self._server.stop(grace=0)
-        self._clear_path()
+        clear_stale_socket(self.path)  # the run loop waits, saying why
         why = bind_problem(self.path)
         if why is not None:  # said plainly, and grpc's own error line never printed
             raise OSError(why)
@@ -280,20 +281,6 @@ class Endpoint:
                 api_pb2.Empty(), timeout=5
             )
         logger.info("%s: serving %s", self.resource, self.path)
-
-    def _clear_path(self) -> None:
-        """Our socket's path freed of a socket a previous server left; anything else there is
-        someone's, and stays: OSError saying so (the run loop waits, saying it)."""
-        try:
-            mode = self.path.lstat().st_mode
-        except OSError:
-            return
-        if not stat.S_ISSOCK(mode):
-            raise OSError(
-                f"{self.path} is {file_kind(mode)}, not this plugin's socket: move it away "
-                "(the plugin deletes only sockets there)"
-            )
-        self.path.unlink(missing_ok=True)
 
     def _waiting(self, why: str, backoff: float) -> None:
         """Say at once what we wait for and why; a reason already said goes to debug."""

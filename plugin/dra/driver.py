@@ -18,7 +18,7 @@ from plugin.core.counters import metrics_for
 from plugin.core.discovery.model import Discovery
 from plugin.core.health import HealthWatcher
 from plugin.core.metrics import serve_http
-from plugin.core.sockets import grpc_target
+from plugin.core.sockets import bind_problem, clear_stale_socket, grpc_target
 from plugin.core.terminal import say
 from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from plugin.dra.kubeapi import KubeApi
@@ -32,10 +32,18 @@ logger = logging.getLogger(__name__)
 PROG = "rdma-dra-driver"
 
 
-def _bind(path: Path, server: grpc.aio.Server) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)  # a socket a crashed run left
-    server.add_insecure_port(grpc_target(path))
+def _bind(path: Path, server: grpc.aio.Server) -> str | None:
+    """None when `server` will listen at `path`, else why it cannot (never by deleting what is
+    not a socket a crashed run left)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        clear_stale_socket(path)
+        server.add_insecure_port(grpc_target(path))
+    except OSError as exc:
+        return str(exc) if exc.strerror is None else f"{path.parent}: {exc.strerror}"
+    except RuntimeError:  # grpc's "Failed to bind": the plain bind says why
+        return bind_problem(path) or f"{path}: cannot be bound"
+    return None
 
 
 async def run(
@@ -76,13 +84,18 @@ async def run(
     reg_path = registration_socket(spec.plugins_registry_dir, driver)
     dra_server = grpc.aio.server()
     add_dra_services(dra_server, preparer)
-    _bind(dra_path, dra_server)
+    if (why := _bind(dra_path, dra_server)) is not None:
+        say(f"{PROG}: --plugins-dir: {why}")
+        return 2
     await dra_server.start()
     reg_server = grpc.aio.server()
     reg_grpc.add_RegistrationServicer_to_server(
         RegistrationServicer(driver, str(dra_path), on_status), reg_server
     )
-    _bind(reg_path, reg_server)
+    if (why := _bind(reg_path, reg_server)) is not None:
+        await dra_server.stop(grace=None)
+        say(f"{PROG}: --plugins-registry-dir: {why}")
+        return 2
     await reg_server.start()
     logger.info("serving %s; registration at %s", dra_path, reg_path)
 

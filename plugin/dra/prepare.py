@@ -23,7 +23,7 @@ from plugin.core import pool as policy
 from plugin.core.discovery.model import Hca
 from plugin.core.gidchoice import NoGidError, choose
 from plugin.core.netaddrs import namespace_addresses
-from plugin.core.userfiles import write_atomically
+from plugin.core.userfiles import UnreadableError, read_text, write_atomically
 from plugin.dra.devices import SliceDevice, slice_devices
 from plugin.dra.kubeapi import KubeApi, KubeApiError
 from plugin.launch import HCAS_ENV, family_for
@@ -31,6 +31,8 @@ from plugin.launch import HCAS_ENV, family_for
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_VERSION = 1
+# A node's prepared claims (about 1 KB each): room for tens of thousands.
+CHECKPOINT_MAX_BYTES = 64 << 20
 
 
 class PrepareError(RuntimeError):
@@ -226,18 +228,21 @@ def load_checkpoint(path: Path) -> dict[str, Prepared]:
     """The claims prepared before; none when there is no checkpoint. One that cannot be read is
     kept aside (never overwritten unread) and said: its claims are prepared again on demand."""
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(read_text(path, CHECKPOINT_MAX_BYTES))
         if doc.get("version") != CHECKPOINT_VERSION:
             raise ValueError(f"version {doc.get('version')}, not {CHECKPOINT_VERSION}")
         return {uid: _prepared(c) for uid, c in doc["claims"].items()}
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        aside = path.with_suffix(".unreadable")
-        with contextlib.suppress(OSError):
-            os.replace(path, aside)
-        logger.error("checkpoint %s cannot be read (%s): kept as %s", path, exc, aside)
-        return {}
+    except UnreadableError as exc:
+        if exc.missing:
+            return {}
+        problem: Exception = exc  # a FIFO, a device: renamed aside, never read
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        problem = exc
+    aside = path.with_suffix(".unreadable")
+    with contextlib.suppress(OSError):
+        os.replace(path, aside)
+    logger.error("checkpoint %s cannot be read (%s): kept as %s", path, problem, aside)
+    return {}
 
 
 def _prepared(doc: Mapping[str, Any]) -> Prepared:

@@ -319,3 +319,56 @@ def test_a_node_name_from_the_env_is_checked_as_the_flag_is() -> None:
     assert done.stderr.splitlines() == [
         "rdma-dra-driver: $NODE_NAME text of 21 characters: must be a node's name (a DNS subdomain)"
     ]
+
+
+@pytest.mark.parametrize("which", ["registration", "dra"])
+async def test_a_file_where_a_socket_goes_is_kept_and_said(
+    short_tmp: Path, tree: SysfsTree, which: str
+) -> None:
+    driver = Driver(short_tmp, tree)
+    spec = driver.spec
+    path = (
+        registration_socket(spec.plugins_registry_dir, DRA_DRIVER)
+        if which == "registration"
+        else dra_socket(spec.plugins_dir, DRA_DRIVER)
+    )
+    path.parent.mkdir(parents=True)
+    path.write_text("someone's notes\n")
+    with driver.log.open("ab") as log:
+        proc = await asyncio.create_subprocess_exec(
+            *spec.command(sys.executable), stdout=log, stderr=log
+        )
+    code = await asyncio.wait_for(proc.wait(), 30)
+
+    assert code == 2
+    assert path.read_text() == "someone's notes\n"
+    flag = "--plugins-registry-dir" if which == "registration" else "--plugins-dir"
+    assert (
+        f"rdma-dra-driver: {flag}: {path} is a regular file, not our socket: move it away"
+        in driver.log.read_text()
+    )
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "garbage"])
+async def test_a_checkpoint_that_cannot_be_read_is_kept_aside_and_the_driver_serves(
+    short_tmp: Path, tree: SysfsTree, kind: str
+) -> None:
+    driver = Driver(short_tmp, tree)
+    checkpoint = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
+    checkpoint.parent.mkdir(parents=True)
+    if kind == "fifo":
+        os.mkfifo(checkpoint)
+    elif kind == "dev-zero":
+        checkpoint.symlink_to("/dev/zero")
+    else:
+        checkpoint.write_text("{not json")
+    await driver.start()  # registration served: nothing blocked on the checkpoint
+    try:
+        log = driver.log.read_text()
+    finally:
+        assert await driver.stop() == 0
+
+    assert f"checkpoint {checkpoint} cannot be read (" in log
+    assert checkpoint.with_suffix(".unreadable").exists() or (
+        checkpoint.with_suffix(".unreadable").is_symlink()
+    )

@@ -207,8 +207,8 @@ async def test_a_file_where_the_socket_goes_is_said_and_kept_until_moved(
 
     await plugin.start()
     await plugin.said(
-        f"cannot serve {plugin_dir / SOCKET}: {plugin_dir / SOCKET} is a regular file, not this "
-        "plugin's socket: move it away (the plugin deletes only sockets there)"
+        f"cannot serve {plugin_dir / SOCKET}: {plugin_dir / SOCKET} is a regular file, not our "
+        "socket: move it away (only a socket there is replaced)"
     )
     assert (plugin_dir / SOCKET).read_text() == "someone's notes\n"
 
