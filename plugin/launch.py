@@ -7,6 +7,7 @@ nowhere else."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -105,6 +106,11 @@ class CoreSpec:
     log_level: LogLevel = "info"
     # every RDMA port's counters on /metrics ("off" where node_exporter already exports them)
     port_counters: OnOff = "on"
+    # the API server: None, the pod's service account (the device plugin: none outside a pod,
+    # and its problems are then in its log only, not Events on the Node)
+    kubeconfig: Path | None = None
+    # "": the NODE_NAME env var (the DaemonSet sets it from spec.nodeName)
+    node_name: str = ""
 
     def __post_init__(self) -> None:
         low, high = RESCAN_INTERVAL_RANGE
@@ -115,6 +121,8 @@ class CoreSpec:
                 "metrics_address",
                 "expected HOST:PORT with a port 0-65535, or an empty value to disable",
             )
+        if self.node_name and not _DNS_SUBDOMAIN.fullmatch(self.node_name):
+            raise LaunchError("node_name", "must be a node's name (a DNS subdomain)")
 
     @property
     def config_path(self) -> Path:
@@ -165,10 +173,6 @@ class DraLaunchSpec(CoreSpec):
     server."""
 
     metrics_address: str = f"0.0.0.0:{DEFAULT_DRA_METRICS_PORT}"
-    # None: the pod's service account
-    kubeconfig: Path | None = None
-    # "": the NODE_NAME env var (the DaemonSet sets it from spec.nodeName)
-    node_name: str = ""
     driver_name: str = DRA_DRIVER
     plugins_registry_dir: Path = DEFAULT_PLUGINS_REGISTRY_DIR
     plugins_dir: Path = DEFAULT_PLUGINS_DIR
@@ -178,8 +182,6 @@ class DraLaunchSpec(CoreSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.node_name and not _DNS_SUBDOMAIN.fullmatch(self.node_name):
-            raise LaunchError("node_name", "must be a node's name (a DNS subdomain)")
         if not _DNS_SUBDOMAIN.fullmatch(self.driver_name) or "." not in self.driver_name:
             raise LaunchError("driver_name", "must be a DNS subdomain with a dot, e.g. rdma.x.io")
         for path in (
@@ -191,6 +193,13 @@ class DraLaunchSpec(CoreSpec):
                     "plugins_dir" if path.name == "dra.sock" else "plugins_registry_dir",
                     f"its socket {path} would be over the {MAX_UNIX_PATH}-byte unix limit",
                 )
+
+
+def with_node_name(spec: S) -> S:
+    """`spec` with the node's name from $NODE_NAME when no flag gave one, checked as the flag's
+    is (LaunchError); unchanged when neither names it."""
+    node = spec.node_name or os.environ.get(NODE_NAME_ENV, "")
+    return dataclasses.replace(spec, node_name=node)
 
 
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"

@@ -17,6 +17,17 @@ from plugin.core.events import KernelEvents
 from plugin.core.linkstate import carrier_changes, without_carrier
 from plugin.core.metrics import Metrics
 from plugin.core.netmode import non_host_network_problems
+from plugin.core.problems import (
+    HCA_SKIPPED,
+    HCA_UNHEALTHY,
+    HCA_UNREADABLE,
+    NO_RDMA_CM,
+    NON_HOST_NETWORK,
+    POOL_CONFLICT,
+    POOL_EMPTY,
+    SCAN_ERROR,
+    Problem,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,14 +46,16 @@ class HealthWatcher:
         metrics: Metrics,
         interval: float,
         publish: Publish,
+        on_problems: Callable[[Sequence[Problem]], None] = lambda problems: None,
     ) -> None:
         self.discovery = discovery
         self.config = config
         self.metrics = metrics
         self.interval = interval
         self.publish = publish
+        self.on_problems = on_problems  # every scan's problems (the Node's Events)
         self._trigger = asyncio.Event()
-        self._reported: tuple[str, ...] | None = None
+        self._reported: tuple[Problem, ...] | None = None
         # netdevs rtnetlink last reported without carrier; they hold their ports down
         self._no_carrier: frozenset[str] = frozenset()
         self._inventory = Inventory()  # the last scan, as discovery read it
@@ -125,38 +138,34 @@ class HealthWatcher:
             self.metrics.devices.labels(resource, policy.HEALTHY).set(healthy)
             self.metrics.devices.labels(resource, policy.UNHEALTHY).set(len(view.devices) - healthy)
             self.metrics.hcas.labels(resource).set(len(view.hcas))
-        no_cm = (
-            []
-            if inventory.rdma_cm or not inventory.hcas
-            else [
-                "no rdma_cm device node (is rdma_ucm loaded?): pods get no RDMA connection manager"
-            ]
-        )
-        problems = (
-            no_cm
-            + list(inventory.errors)
-            + list(conflicts)
-            + [p for h in inventory.hcas for p in h.problems]
-        )
+        problems: list[Problem] = []
+        if not inventory.rdma_cm and inventory.hcas:
+            problems.append(Problem(NO_RDMA_CM, "no rdma_cm device node (is rdma_ucm loaded?): "
+                                    "pods get no RDMA connection manager"))  # fmt: skip
+        problems += [Problem(SCAN_ERROR, e) for e in inventory.errors]
+        problems += [Problem(POOL_CONFLICT, c) for c in conflicts]
+        problems += [Problem(HCA_UNREADABLE, p) for h in inventory.hcas for p in h.problems]
         for view in views:  # each HCA's own reason: a shared ID stays healthy without it
+            resource = view.pool.resource_name
             reasons = [r for h in view.hcas if (r := h.unhealthy_reason()) is not None]
             problems += [
-                f"{view.pool.resource_name}: {r}: left out of allocations" for r in reasons
+                Problem(HCA_UNHEALTHY, f"{resource}: {r}: left out of allocations") for r in reasons
             ]
-            problems += [f"{view.pool.resource_name}: {r}" for r in view.skipped]
+            problems += [Problem(HCA_SKIPPED, f"{resource}: {r}") for r in view.skipped]
             if not view.hcas:
-                problems.append(f"{view.pool.resource_name}: {_why_empty(inventory, view)}")
+                problems.append(Problem(POOL_EMPTY, f"{resource}: {_why_empty(inventory, view)}"))
         if self.config.non_host_network:
             hcas = tuple(h for v in views for h in v.hcas)
             net = non_host_network_problems(inventory, hcas)
             self.metrics.non_host_network_ready.set(0 if net else 1)
-            problems += [f"nonHostNetwork: true but {p}" for p in net]
+            problems += [Problem(NON_HOST_NETWORK, f"nonHostNetwork: true but {p}") for p in net]
         self.metrics.problems.set(len(problems))
+        self.on_problems(problems)
         # Loud but not noisy: log the whole set whenever it changes.
         if tuple(problems) != self._reported:
             self._reported = tuple(problems)
             for p in problems:
-                logger.error("%s", p)
+                logger.error("%s", p.message)
             summary = ", ".join(
                 f"{v.pool.resource_name}={len(v.hcas)} HCAs/{len(v.devices)} IDs" for v in views
             )

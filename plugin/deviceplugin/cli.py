@@ -14,9 +14,11 @@ from plugin.config import ConfigError, PluginConfig, load_config
 from plugin.core import instance
 from plugin.core.discovery.choose import choose_discovery
 from plugin.core.discovery.model import DiscoveryError
+from plugin.core.kubeapi import CredentialsError, KubeApi
 from plugin.core.terminal import exit_on_signals, say
+from plugin.core.userfiles import described
 from plugin.deviceplugin import supervisor
-from plugin.launch import MAX_UNIX_PATH, socket_name
+from plugin.launch import MAX_UNIX_PATH, NODE_NAME_ENV, LaunchError, socket_name
 
 logger = logging.getLogger("plugin")
 
@@ -34,6 +36,20 @@ def check_socket_paths(plugin_dir: Path, config: PluginConfig) -> None:
             )
 
 
+def _api(spec: launch.LaunchSpec) -> KubeApi | None:
+    """Where the node's Events go: --kubeconfig (refused when unusable), else the pod's service
+    account when in a pod that names its node; None: problems are in the log only."""
+    if spec.kubeconfig is not None:
+        return KubeApi.from_kubeconfig(spec.kubeconfig)
+    if not spec.node_name or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    try:
+        return KubeApi.in_cluster()
+    except CredentialsError as exc:
+        logger.warning("no Events on the Node: %s", exc)
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     spec = launch.parse(argv, launch.LaunchSpec)
     logging.basicConfig(
@@ -42,10 +58,17 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
+        spec = launch.with_node_name(spec)
+    except LaunchError as exc:
+        said = described(os.environ.get(NODE_NAME_ENV, ""))
+        say(f"rdma-device-plugin: ${NODE_NAME_ENV} {said}: {exc.why}")
+        return 2
+    try:
         config = load_config(spec.config_path, explicit=spec.config is not None)
         check_socket_paths(spec.device_plugin_dir, config)
         discovery = choose_discovery(spec.discovery, spec.sysfs_root, spec.dev_root)
-    except (ConfigError, DiscoveryError) as exc:
+        api = _api(spec)
+    except (ConfigError, DiscoveryError, CredentialsError) as exc:
         say(f"rdma-device-plugin: {exc}")
         return 2
     logger.info(
@@ -58,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_signals("rdma-device-plugin", "before serving")
     try:
         with instance.held(spec.device_plugin_dir):
-            return asyncio.run(supervisor.run(spec, config, discovery))
+            return asyncio.run(supervisor.run(spec, config, discovery, api))
     except instance.LockError as exc:
         say(f"rdma-device-plugin: --device-plugin-dir {exc}")
         return 2

@@ -282,6 +282,11 @@ class Endpoint:
             )
         logger.info("%s: serving %s", self.resource, self.path)
 
+    @property
+    def waiting_for(self) -> str | None:
+        """What keeps it from serving the kubelet now (a registration failing), if anything."""
+        return self._said
+
     def _waiting(self, why: str, backoff: float) -> None:
         """Say at once what we wait for and why; a reason already said goes to debug."""
         level = logging.DEBUG if why == self._said else logging.WARNING

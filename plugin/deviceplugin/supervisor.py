@@ -16,12 +16,17 @@ from plugin.core.counters import metrics_for
 from plugin.core.discovery.model import Discovery
 from plugin.core.events import DirWatcher
 from plugin.core.health import HealthWatcher
+from plugin.core.kubeapi import KubeApi
 from plugin.core.metrics import serve_http
+from plugin.core.node_events import NodeEvents
+from plugin.core.problems import REGISTRATION, Problem
 from plugin.core.terminal import say
 from plugin.deviceplugin.endpoint import Endpoint
 from plugin.launch import DRA_DRIVER, LaunchSpec, cdi_kind, cdi_spec_name
 
 logger = logging.getLogger(__name__)
+
+PROG = "rdma-device-plugin"
 
 
 class _StopSignalError(Exception):
@@ -39,7 +44,9 @@ async def _named(name: str, work: Coroutine[object, object, None]) -> None:
         raise _TaskCrashedError(name) from exc
 
 
-async def run(spec: LaunchSpec, config: PluginConfig, discovery: Discovery) -> int:
+async def run(
+    spec: LaunchSpec, config: PluginConfig, discovery: Discovery, api: KubeApi | None = None
+) -> int:
     """Serve until SIGTERM, SIGINT or SIGHUP (0), or until a task crashes (1); a metrics
     address that cannot be bound is a bad flag (2)."""
     metrics = metrics_for(spec)
@@ -57,7 +64,14 @@ async def run(spec: LaunchSpec, config: PluginConfig, discovery: Discovery) -> i
         for e in endpoints.values():
             e.wake()
 
-    health = HealthWatcher(discovery, config, metrics, spec.rescan_interval, publish)
+    events = NodeEvents(api if spec.node_name else None, spec.node_name, PROG)
+
+    def report(problems: Sequence[Problem]) -> None:
+        waits = [Problem(REGISTRATION, f"{e.resource}: {w}") for e in endpoints.values()
+                 if (w := e.waiting_for) is not None]  # fmt: skip
+        events.report([*problems, *waits])
+
+    health = HealthWatcher(discovery, config, metrics, spec.rescan_interval, publish, report)
     await health.rescan()  # the first views, before any socket is served
     http = None
     if spec.metrics_port is not None:

@@ -5,7 +5,6 @@ lock; every refusal here is exit 2 with one line naming what to fix."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import sys
@@ -15,10 +14,10 @@ from plugin.config import ConfigError, load_config
 from plugin.core import instance
 from plugin.core.discovery.choose import choose_discovery
 from plugin.core.discovery.model import DiscoveryError
+from plugin.core.kubeapi import CredentialsError, KubeApi
 from plugin.core.terminal import exit_on_signals, say
 from plugin.core.userfiles import described
 from plugin.dra import driver
-from plugin.dra.kubeapi import CredentialsError, KubeApi
 from plugin.launch import NODE_NAME_ENV, DraLaunchSpec, LaunchError
 
 logger = logging.getLogger("plugin")
@@ -36,14 +35,15 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    node = spec.node_name or os.environ.get(NODE_NAME_ENV, "")
+    try:
+        spec = launch.with_node_name(spec)
+    except LaunchError as exc:
+        said = described(os.environ.get(NODE_NAME_ENV, ""))
+        say(f"{driver.PROG}: ${NODE_NAME_ENV} {said}: {exc.why}")
+        return 2
+    node = spec.node_name
     if not node:
         say(f"{driver.PROG}: no node name: pass --node-name, or set ${NODE_NAME_ENV}")
-        return 2
-    try:  # the env's value checked as the flag's is
-        spec = dataclasses.replace(spec, node_name=node)
-    except LaunchError as exc:
-        say(f"{driver.PROG}: ${NODE_NAME_ENV} {described(node)}: {exc.why}")
         return 2
     try:
         config = load_config(spec.config_path, explicit=spec.config is not None)

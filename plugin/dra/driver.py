@@ -17,11 +17,13 @@ from plugin.core import pool as policy
 from plugin.core.counters import metrics_for
 from plugin.core.discovery.model import Discovery
 from plugin.core.health import HealthWatcher
+from plugin.core.kubeapi import KubeApi
 from plugin.core.metrics import serve_http
+from plugin.core.node_events import NodeEvents
+from plugin.core.problems import REGISTRATION, Problem
 from plugin.core.sockets import bind_problem, clear_stale_socket, grpc_target
 from plugin.core.terminal import say
 from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from plugin.dra.kubeapi import KubeApi
 from plugin.dra.prepare import Preparer
 from plugin.dra.servicer import RegistrationServicer, add_dra_services
 from plugin.dra.slices import SlicePublisher
@@ -64,6 +66,8 @@ async def run(
     )
     publisher = SlicePublisher(api, driver, node)
     registered = False
+    events = NodeEvents(api, node, PROG)
+    refused: list[Problem] = []  # the kubelet's refusal of the registration, while it stands
 
     async def publish(views: Sequence[policy.PoolView]) -> None:
         publisher.update(preparer.update(views))
@@ -71,13 +75,21 @@ async def run(
     def on_status(ok: bool, error: str) -> None:
         nonlocal registered
         registered = ok
+        refused[:] = [] if ok else [Problem(REGISTRATION, f"the kubelet refused {driver}: {error}")]
         if ok:
             logger.info("registered with the kubelet as %s", driver)
             publisher.recheck()  # a starting kubelet wipes the node's slices
         else:
             logger.error("the kubelet refused the registration: %s", error)
 
-    health = HealthWatcher(discovery, config, metrics, spec.rescan_interval, publish)
+    health = HealthWatcher(
+        discovery,
+        config,
+        metrics,
+        spec.rescan_interval,
+        publish,
+        lambda problems: events.report([*problems, *refused]),
+    )
     await health.rescan()
 
     dra_path = dra_socket(spec.plugins_dir, driver)

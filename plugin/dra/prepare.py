@@ -22,10 +22,10 @@ from plugin.core import cdi
 from plugin.core import pool as policy
 from plugin.core.discovery.model import Hca
 from plugin.core.gidchoice import NoGidError, choose
+from plugin.core.kubeapi import KubeApi, KubeApiError
 from plugin.core.netaddrs import namespace_addresses
-from plugin.core.userfiles import UnreadableError, read_text, write_atomically
+from plugin.core.userfiles import UnreadableError, read_text, why_not_writable, write_atomically
 from plugin.dra.devices import SliceDevice, slice_devices
-from plugin.dra.kubeapi import KubeApi, KubeApiError
 from plugin.launch import HCAS_ENV, family_for
 
 logger = logging.getLogger(__name__)
@@ -107,8 +107,15 @@ class Preparer:
             done = self._prepare(claim)
             self.claims[claim.uid] = done
             save_checkpoint(self.checkpoint, self.claims)
-        if not (self.cdi_dir / spec_file(self.driver, claim.uid)).exists():
-            cdi.write_spec(self.cdi_dir, spec_file(self.driver, claim.uid), done.spec)
+        name = spec_file(self.driver, claim.uid)
+        if not (self.cdi_dir / name).exists():
+            try:
+                cdi.write_spec(self.cdi_dir, name, done.spec)
+            except OSError as exc:
+                why = why_not_writable(self.cdi_dir) or exc.strerror or str(exc)
+                raise PrepareError(
+                    f"--cdi-dir {self.cdi_dir}: cannot write {name} there: {why}"
+                ) from None
         return done.devices
 
     def unprepare(self, claim: ClaimRef) -> None:

@@ -10,8 +10,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any, cast
 
+from plugin.core.kubeapi import KubeApi, KubeApiError
 from plugin.dra.devices import SliceDevice, label, slices
-from plugin.dra.kubeapi import KubeApi, KubeApiError
 
 logger = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import http.server
 import json
 import os
@@ -14,7 +15,7 @@ import ssl
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -372,3 +373,32 @@ async def test_a_checkpoint_that_cannot_be_read_is_kept_aside_and_the_driver_ser
     assert checkpoint.with_suffix(".unreadable").exists() or (
         checkpoint.with_suffix(".unreadable").is_symlink()
     )
+
+
+@pytest.fixture
+def read_only(short_tmp: Path) -> Iterator[Path]:
+    path = short_tmp / "ro"
+    path.mkdir()
+    subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], check=True)
+    yield path
+    subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.mark.parametrize("flag", ["plugins_registry_dir", "plugins_dir"])
+async def test_a_read_only_plugin_dir_is_one_line_naming_its_flag(
+    short_tmp: Path, tree: SysfsTree, read_only: Path, flag: str
+) -> None:
+    driver = Driver(short_tmp, tree)
+    spec = dataclasses.replace(driver.spec, **{flag: read_only})
+    with driver.log.open("ab") as log:
+        proc = await asyncio.create_subprocess_exec(
+            *spec.command(sys.executable), stdout=log, stderr=log
+        )
+    code = await asyncio.wait_for(proc.wait(), 30)
+
+    said = [ln for ln in driver.log.read_text().splitlines() if ln.startswith("rdma-dra-driver:")]
+    assert code == 2
+    assert len(said) == 1
+    assert said[0].startswith(f"rdma-dra-driver: --{flag.replace('_', '-')}: {read_only}")
+    assert "Read-only file system" in said[0] or "read-only file system" in said[0]
+    assert "Traceback" not in driver.log.read_text()

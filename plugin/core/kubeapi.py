@@ -139,6 +139,7 @@ class KubeApi:
         path: str,
         body: object | None = None,
         query: dict[str, str] | None = None,
+        content_type: str = "application/json",
     ) -> Any:
         """One request; the decoded JSON answer, or KubeApiError (a 404 too: `status` says)."""
         target = path + ("?" + urlencode(query) if query else "")
@@ -148,7 +149,7 @@ class KubeApi:
         data = None
         if body is not None:
             data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         conn = http.client.HTTPSConnection(
             self.host, self.port, context=self.context, timeout=_TIMEOUT
         )
