@@ -17,7 +17,13 @@ from infra.config import BuiltImage, PinnedImage, RegistryLogin
 from infra.keys import StackConfigError
 from plugin.config import PluginConfig
 from plugin.dra.devices import device_class, device_class_name
-from plugin.launch import DEFAULT_DEVICE_PLUGIN_DIR, NODE_NAME_ENV, DraLaunchSpec, LaunchSpec
+from plugin.launch import (
+    DEFAULT_DEVICE_PLUGIN_DIR,
+    EVENT_NAMESPACE,
+    NODE_NAME_ENV,
+    DraLaunchSpec,
+    LaunchSpec,
+)
 
 LINGJUN_NODE_LABEL = "alibabacloud.com/lingjun-worker"
 # Relative to the project directory, where Pulumi runs the program: the plan stays the same on
@@ -82,11 +88,11 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
         account = k8s.core.v1.ServiceAccount(
             f"{name}-sa",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=name, namespace=args.namespace, labels=labels),
-            # The device plugin talks to the kubelet's unix socket only, never to the API
-            # server: no RBAC, and no token mounted. The DRA driver's pod mounts its token.
+            # mounted by the DaemonSet's pod alone (its RBAC: Events, and the DRA driver's)
             automount_service_account_token=False,
             opts=in_ns,
         )
+        self._event_access(name, args.namespace, in_ns)
         if isinstance(args.launch, DraLaunchSpec):
             self._dra_access(name, args.namespace, args.launch.driver_name, in_ns)
         config_text = args.plugin_config.to_file()
@@ -120,6 +126,31 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
         )
         self.daemonset_name = daemonset.metadata.name
         self.register_outputs({"daemonset_name": self.daemonset_name, "image": self.image})
+
+    def _event_access(self, name: str, namespace: str, opts: pulumi.ResourceOptions) -> None:
+        """Warning Events on its Node for what it finds wrong: create and patch Events in the
+        namespace the kubelet posts a Node's Events in, nothing else."""
+        role = k8s.rbac.v1.Role(
+            f"{name}-events",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=name, namespace=EVENT_NAMESPACE),
+            rules=[
+                k8s.rbac.v1.PolicyRuleArgs(
+                    api_groups=[""], resources=["events"], verbs=["create", "patch"]
+                )
+            ],
+            opts=opts,
+        )
+        k8s.rbac.v1.RoleBinding(
+            f"{name}-events-binding",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=name, namespace=EVENT_NAMESPACE),
+            role_ref=k8s.rbac.v1.RoleRefArgs(
+                api_group="rbac.authorization.k8s.io", kind="Role", name=role.metadata.name
+            ),
+            subjects=[
+                k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=name, namespace=namespace)
+            ],
+            opts=opts,
+        )
 
     def _dra_access(
         self, name: str, namespace: str, driver: str, opts: pulumi.ResourceOptions
@@ -303,7 +334,6 @@ def _daemonset_spec(
             "there: give the LaunchSpec a HOST:PORT"
         )
     node_volumes, node_mounts = _node_paths(launch)
-    dra = isinstance(launch, DraLaunchSpec)
     container = k8s.core.v1.ContainerArgs(
         name="plugin",
         image=image,
@@ -315,9 +345,7 @@ def _daemonset_spec(
                     field_ref=k8s.core.v1.ObjectFieldSelectorArgs(field_path="spec.nodeName")
                 ),
             )
-        ]
-        if dra
-        else None,
+        ],
         ports=[
             k8s.core.v1.ContainerPortArgs(
                 name="metrics", container_port=launch.metrics_port, protocol="TCP"
@@ -365,7 +393,8 @@ def _daemonset_spec(
         priority_class_name="system-node-critical",
         service_account_name=service_account,
         # the DRA driver publishes ResourceSlices and reads claims: its token, and only its
-        automount_service_account_token=dra,
+        # Events on its Node; the DRA driver's slices and claims too (see the RBAC)
+        automount_service_account_token=True,
         node_selector={LINGJUN_NODE_LABEL: "true"},
         tolerations=[k8s.core.v1.TolerationArgs(operator="Exists")],
         image_pull_secrets=pull_secrets or None,

@@ -46,6 +46,8 @@ DEFAULT_CDI_DIR = Path("/var/run/cdi")
 DEFAULT_DRA_METRICS_PORT = 9461
 # The env var the DaemonSet sets from spec.nodeName (the downward API).
 NODE_NAME_ENV = "NODE_NAME"
+# Where a Node's Events go (the kubelet posts its own there): the plugin's, and its RBAC's.
+EVENT_NAMESPACE = "default"
 
 
 def cdi_kind(driver: str) -> str:

@@ -15,10 +15,10 @@ from datetime import UTC, datetime
 
 from plugin.core.kubeapi import KubeApi, KubeApiError
 from plugin.core.problems import Problem
+from plugin.launch import EVENT_NAMESPACE
 
 logger = logging.getLogger(__name__)
 
-EVENT_NAMESPACE = "default"
 EVENTS = f"/api/v1/namespaces/{EVENT_NAMESPACE}/events"
 # A problem still there after this long has its Event's count raised (the kubelet's own
 # aggregation keeps a similar pace); one gone and back is a new Event.

@@ -123,6 +123,7 @@ class Preparer:
         (self.cdi_dir / spec_file(self.driver, claim.uid)).unlink(missing_ok=True)
         if self.claims.pop(claim.uid, None) is not None:
             save_checkpoint(self.checkpoint, self.claims)
+            logger.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
 
     def _prepare(self, claim: ClaimRef) -> Prepared:
         obj = self._claim(claim)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plugin.launch import (
+    DEFAULT_CDI_DIR,
     DEFAULT_DEVICE_PLUGIN_DIR,
     DEFAULT_PLUGINS_DIR,
     DEFAULT_PLUGINS_REGISTRY_DIR,
@@ -49,7 +50,10 @@ DEVICE_PLUGIN_DIR = DEFAULT_DEVICE_PLUGIN_DIR
 # the run's kubelet root's own dirs are bind-mounted there the same way.
 KUBELET_PLUGIN_DIRS = {"plugins_registry": DEFAULT_PLUGINS_REGISTRY_DIR,
                        "plugins": DEFAULT_PLUGINS_DIR}  # fmt: skip
-HOST_DIRS = (DEVICE_PLUGIN_DIR, *KUBELET_PLUGIN_DIRS.values())
+# Where containerd 2 reads CDI specs (its default) and the DRA driver writes them: the run's
+# own too, so a spec a killed run left is gone with its dir, never seen by the next run.
+CDI_DIR = DEFAULT_CDI_DIR
+HOST_DIRS = (DEVICE_PLUGIN_DIR, *KUBELET_PLUGIN_DIRS.values(), CDI_DIR)
 # The `kubernetes` Service: the kubelet gives every pod KUBERNETES_SERVICE_HOST/PORT, the
 # first address of the service range and 443. No kube-proxy runs: the address sits on lo for
 # the run and the API server listens there, so a host-network pod (the DRA driver) reaches the
@@ -164,9 +168,9 @@ class Cluster:
         self._etcd()
         self._apiserver()
         self._controllers()
+        self._host_dirs()  # before containerd, which watches the CDI dir from its start
         self._containerd()
         self._images()
-        self._host_dirs()
         self._kubelet_config()
         self.start_kubelet()
 
@@ -409,7 +413,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def _host_dirs(self) -> None:
         """The run's own dirs at the kubelet's fixed host paths (bind mounts)."""
-        ours = {DEVICE_PLUGIN_DIR: self.root / "device-plugins"}
+        ours = {DEVICE_PLUGIN_DIR: self.root / "device-plugins", CDI_DIR: self.root / "cdi-specs"}
         ours |= {host: self.root / "kubelet" / name for name, host in KUBELET_PLUGIN_DIRS.items()}
         missing = sorted(
             {p for host in HOST_DIRS for p in (host, *host.parents) if not p.exists()},

@@ -78,7 +78,7 @@ def node_root(cluster: Cluster) -> Iterator[Path]:  # after the cluster reaped s
 
 @pytest.fixture(scope="session")
 def session_plugin(cluster: Cluster, node_root: Path, logs: Path) -> Iterator[Plugin]:
-    plugin = Plugin(node_root, logs)
+    plugin = Plugin(node_root, logs, cluster.kubeconfig)
     yield plugin
     plugin.stop()
 

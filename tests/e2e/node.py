@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import stat
@@ -11,13 +10,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from plugin.launch import DEFAULT_CDI_DIR, DraLaunchSpec, LaunchSpec
-from tests.e2e.cluster import DEVICE_PLUGIN_DIR, NODE
+from plugin.launch import DraLaunchSpec, LaunchSpec
+from tests.e2e.cluster import CDI_DIR, DEVICE_PLUGIN_DIR, NODE
 from tests.e2e.procs import Proc, eventually
 from tests.plugin.plugin_process import free_port
 from tests.plugin.sysfs_tree import PortSpec, SysfsTree, two_mlx5
-
-CDI_DIR = DEFAULT_CDI_DIR  # where containerd 2 reads CDI specs (its default)
 
 REPO = Path(__file__).resolve().parents[2]
 SOCKET = DEVICE_PLUGIN_DIR / "lingjun-rdma-rdma_hca.sock"
@@ -51,8 +48,9 @@ def make_char_devices(tree: SysfsTree) -> dict[str, tuple[int, int]]:
 class Plugin:
     """`python -m plugin` as the DaemonSet would run it, on a two-HCA fixture node."""
 
-    def __init__(self, root: Path, logs: Path) -> None:
+    def __init__(self, root: Path, logs: Path, kubeconfig: Path | None = None) -> None:
         self.root = root
+        self.kubeconfig = kubeconfig  # its Events on the Node go there
         self.tree = two_mlx5(root / "node")
         self.dev_numbers = make_char_devices(self.tree)
         self.metrics_port = free_port()
@@ -76,6 +74,8 @@ class Plugin:
             metrics_address=f"127.0.0.1:{self.metrics_port}",
             log_level="debug",
             cdi_dir=self.cdi_dir,
+            kubeconfig=self.kubeconfig,
+            node_name=NODE,
         ).command(sys.executable)
 
     def start(self, config_yaml: str | None = None) -> None:
@@ -150,7 +150,6 @@ class DraDriver:
             cdi_dir=CDI_DIR,
         )
         self.proc = Proc("dra-driver", self.spec.command(sys.executable), logs / "dra.log", REPO)
-        self.made_cdi_dir = not CDI_DIR.exists()  # the host's: removed after, if we made it
 
     def start(self) -> None:
         self.proc.start()
@@ -174,9 +173,6 @@ class DraDriver:
 
     def close(self) -> None:
         self.stop()
-        if self.made_cdi_dir:
-            with contextlib.suppress(OSError):  # not empty: left for whoever else wrote there
-                CDI_DIR.rmdir()
 
     def cdi_specs(self) -> list[Path]:
         return sorted(CDI_DIR.glob(f"{self.spec.driver_name}-*.json"))

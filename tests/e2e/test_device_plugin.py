@@ -12,8 +12,9 @@ import time
 import pytest
 import yaml
 
-from plugin.launch import cdi_spec_name
-from tests.e2e.cluster import Cluster
+from plugin.core.problems import HCA_UNHEALTHY
+from plugin.launch import EVENT_NAMESPACE, cdi_spec_name
+from tests.e2e.cluster import NODE, Cluster
 from tests.e2e.kube import Api, allocatable_ids, pod_devices
 from tests.e2e.node import CDI_DIR, REPO, Plugin
 from tests.e2e.procs import eventually
@@ -162,6 +163,25 @@ def test_ports_down_drop_allocatable_and_up_restores_it(plugin: Plugin, api: Api
     assert wait_allocatable(api, "1k") == ("1k", "1k")
 
 
+def test_a_port_down_is_a_warning_event_on_the_node(plugin: Plugin, api: Api) -> None:
+    plugin.tree.set_port("mlx5_1", 1, "DOWN")
+
+    def events() -> list[dict[str, object]]:
+        selector = f"involvedObject.kind=Node,involvedObject.name={NODE},reason={HCA_UNHEALTHY}"
+        found = api.get(f"/api/v1/namespaces/{EVENT_NAMESPACE}/events?fieldSelector={selector}")
+        return [e for e in found["items"] if "mlx5_1" in e["message"]]
+
+    try:
+        (event,) = eventually(events, 30, "a Warning Event of the port down on the Node")
+    finally:
+        plugin.tree.set_port("mlx5_1", 1, "ACTIVE")
+
+    assert event["type"] == "Warning"
+    assert event["source"] == {"component": "rdma-device-plugin", "host": NODE}
+    assert event["message"].endswith(": left out of allocations")
+    assert event["count"] == 1
+
+
 def test_exclusive_port_down_drops_allocatable_by_one(plugin: Plugin, api: Api) -> None:
     plugin.stop()
     plugin.start(EXCLUSIVE)
@@ -244,7 +264,6 @@ def test_with_cdi_a_pod_gets_exactly_its_device_nodes_through_the_runtime(
     session_plugin: Plugin, api: Api, pods: list[str]
 ) -> None:
     plugin = session_plugin
-    made = not CDI_DIR.exists()
     plugin.stop()
     plugin.cdi_dir = CDI_DIR
     spec = CDI_DIR / cdi_spec_name(RESOURCE)
@@ -261,5 +280,3 @@ def test_with_cdi_a_pod_gets_exactly_its_device_nodes_through_the_runtime(
         plugin.stop()  # the next test's fixture starts it without CDI
         plugin.cdi_dir = None
         spec.unlink(missing_ok=True)
-        if made:
-            CDI_DIR.rmdir()

@@ -158,3 +158,25 @@ def test_dra_on_a_created_cluster_of_1_34_is_taken() -> None:
     raw = _dev_raw(rdmaApi="dra", kubernetesVersion="1.34.1-aliyun.1")
 
     assert parse(raw).dra
+
+
+@pytest.mark.parametrize("overrides", [(), DRA], ids=["device-plugin", "dra"])
+def test_both_front_ends_may_post_events_on_their_node_and_nothing_more_in_default(
+    overrides: tuple[str, ...],
+) -> None:
+    result = run("local", *overrides)
+
+    role = k8s_object(result, "Role", "rdma-device-plugin")
+    assert role["metadata"]["namespace"] == launch.EVENT_NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}
+    ]
+    binding = k8s_object(result, "RoleBinding", "rdma-device-plugin")
+    assert binding["metadata"]["namespace"] == launch.EVENT_NAMESPACE
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "rdma-device-plugin", "namespace": "lingjun-rdma"}
+    ]
+    pod = k8s_object(result, "DaemonSet", "rdma-device-plugin")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+    (env,) = pod["containers"][0]["env"]
+    assert env["name"] == launch.NODE_NAME_ENV
