@@ -53,6 +53,18 @@ def _true_or_false(value: object) -> object:
 Flag = Annotated[bool, BeforeValidator(_true_or_false)]
 
 
+def _digits(value: object) -> object:
+    """Pulumi's `integer` is written in decimal digits; Python's int() would also take 5_0,
+    ' 5', '+5' and other scripts' digits."""
+    digits = value.removeprefix("-") if isinstance(value, str) else "0"  # -1: out of range
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValueError("not a whole number: write it in the digits 0-9 only")
+    return value
+
+
+Whole = Annotated[int, BeforeValidator(_digits)]
+
+
 class Keys(BaseModel):
     """Every key of the `lingjun-rdma` namespace but the sample images, as typed values;
     defaults live in Pulumi.yaml's schema."""
@@ -77,13 +89,13 @@ class Keys(BaseModel):
     lingjun_machine_type: str | None = None
     lingjun_image_id: str | None = None
     lingjun_hpn_zone: str | None = None
-    lingjun_node_count: int
+    lingjun_node_count: Whole
     non_host_network: Flag
     rdma_resource_name: str
-    rdma_max_allocations: int
+    rdma_max_allocations: Whole
     rdma_pool_mode: Literal["shared", "exclusive"]
     rdma_api: Literal["devicePlugin", "dra"]
-    rdma_rescan_interval: int
+    rdma_rescan_interval: Whole
     rdma_port_counters: Flag
     namespace: str
     plugin_image: str | None = None
@@ -170,4 +182,5 @@ def describe(error: Any) -> str:
     item = "".join(f"[{i}]" for i in loc[1:] if isinstance(i, int))  # sampleJobs[1]
     if error["type"] == "missing":
         return f"{qualified(key)}: required: set it {config_set(key, '<value>')}"
-    return f"{qualified(key)}{item}: {error['msg']} {config_set(key, '<value>')}"
+    message = str(error["msg"]).removeprefix("Value error, ")  # our own validators' words
+    return f"{qualified(key)}{item}: {message} {config_set(key, '<value>')}"

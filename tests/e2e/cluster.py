@@ -425,8 +425,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         for host, here in ours.items():
             here.mkdir(parents=True)
             host.mkdir(parents=True, exist_ok=True)
-            run(["mount", "--bind", str(here), str(host)])
-            self.mounted.append(host)
+            # as mountinfo names it (/var/run is /run): what teardown unmounts must match
+            point = host.resolve()
+            run(["mount", "--bind", str(here), str(point)])
+            self.mounted.append(point)
 
     def _kubelet_config(self) -> None:
         (self.root / "manifests").mkdir()
@@ -661,7 +663,7 @@ def reap_stale_runs() -> list[Path]:
         kill_kubepods()
         for root in stale:
             unmount_under(root, [])
-        unmount_under(Path("/nonexistent"), list(HOST_DIRS))
+        unmount_under(Path("/nonexistent"), [host.resolve() for host in HOST_DIRS])
         remove_kubepods_cgroups()
         remove_pod_bridge()
         remove_api_address()

@@ -348,7 +348,7 @@ def test_booleans_are_true_or_false_only(value: str) -> None:
     message = _error(ipv6=value)
 
     assert message.startswith("lingjun-rdma:ipv6:")
-    assert "lingjun-rdma:ipv6: Value error, not a boolean: use true or false" in message
+    assert "lingjun-rdma:ipv6: not a boolean: use true or false" in message
     assert repr(value) not in message
 
 
@@ -380,3 +380,11 @@ def test_namespace_must_be_a_kubernetes_namespace_name(name: str) -> None:
 def test_a_trailing_newline_is_no_part_of_a_valid_value(key: str, value: str) -> None:
     # a YAML block scalar (`key: |`) ends its value with one
     assert f"lingjun-rdma:{key}:" in _error(**{key: value})
+
+
+@pytest.mark.parametrize("value", ["5_0", " 5", "+5", "\u0665"])
+def test_a_whole_number_is_written_in_the_digits_0_to_9_only(value: str) -> None:
+    # Python's int() takes each of these; Pulumi's integer is decimal digits
+    assert _error(lingjunNodeCount=value).startswith(
+        "lingjun-rdma:lingjunNodeCount: not a whole number: write it in the digits 0-9 only"
+    )
