@@ -91,9 +91,10 @@ def _say_when_silent() -> None:
             last = _last_output[0]
             if time.monotonic() - last >= _SILENCE and said_for != last:
                 said_for = last
+                then = "a second Ctrl-C kills it" if _stops else "Ctrl-C cancels"
                 say(
                     f"deploy: {_running_command()} has said nothing for {_SILENCE:g} s; still "
-                    "waiting for it (Ctrl-C cancels)"
+                    f"waiting for it ({then})"
                 )
 
     threading.Thread(target=watch, name="silence", daemon=True).start()

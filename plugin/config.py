@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast, get_args
@@ -210,13 +210,23 @@ def _as_file(value: object) -> object:
     return data
 
 
+# The most problems one refusal lists (a generated file can hold thousands).
+_LISTED = 5
+
+
+def _listed(problems: Sequence[object]) -> str:
+    said = "; ".join(map(str, problems[:_LISTED]))
+    more = len(problems) - _LISTED
+    return said + (f"; and {more} more problem(s) like these" if more > 0 else "")
+
+
 def parse_config(data: object, source: str) -> PluginConfig:
     """Read loaded YAML; every problem is reported at once, each naming its field
     (`pools[0].maxAllocations`) and the fix."""
     reader = _Reader()
     config = reader.config({} if data is None else data)
     if config is None:
-        raise ConfigError(f"{source}: " + "; ".join(map(str, reader.problems)), reader.problems)
+        raise ConfigError(f"{source}: " + _listed(reader.problems), reader.problems)
     return config
 
 
@@ -225,7 +235,7 @@ def parse_pool(data: Mapping[str, object]) -> Pool:
     reader = _Reader()
     pool = reader.pool(data, ())
     if pool is None:
-        raise ConfigError("; ".join(map(str, reader.problems)), reader.problems)
+        raise ConfigError(_listed(reader.problems), reader.problems)
     return pool
 
 

@@ -118,7 +118,8 @@ class CoreSpec:
         low, high = RESCAN_INTERVAL_RANGE
         if not low <= self.rescan_interval <= high:  # NaN compares false: refused too
             raise LaunchError("rescan_interval", f"must be {low:g}-{high:g} seconds")
-        if self.metrics_address and self.metrics_port is None:
+        host = self.metrics_address.rpartition(":")[0]
+        if self.metrics_address and (self.metrics_port is None or not _HOST.fullmatch(host)):
             raise LaunchError(
                 "metrics_address",
                 "expected HOST:PORT with a port 0-65535, or an empty value to disable",
@@ -204,6 +205,8 @@ def with_node_name(spec: S) -> S:
     return dataclasses.replace(spec, node_name=node)
 
 
+# A listening address's host: a name, an IPv4 address, [an IPv6 one], or empty (every one).
+_HOST = re.compile(r"[A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\]")
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
 

@@ -7,11 +7,13 @@ and help; a driver counter the table does not name still appears, under its file
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from plugin.core.metrics import MetricFamily, Metrics
+from plugin.core.userfiles import decimal
 from plugin.launch import CoreSpec
 
 PREFIX = "rdma_port_"
@@ -209,14 +211,34 @@ def _files(sysfs_root: Path) -> Iterator[tuple[str, str, str, str, int]]:
             for kind in ("counters", "hw_counters"):
                 where = ports / port / kind
                 for name in _listdir(where):
-                    try:
-                        with open(where / name, "rb") as f:
-                            text = f.read(64)
-                        value = int(text)
-                    except (OSError, ValueError):
+                    text = _read_counter(where / name)
+                    if text is None:
                         continue
-                    if value >= 0:
+                    value = decimal(text.decode("ascii", "replace").strip())
+                    if value is not None and value <= _U64_MAX and len(text) <= _MAX_TEXT:
                         yield hca, port, kind, name, value
+
+
+# A counter file holds one u64 in decimal and a newline; anything else is not a counter's.
+_U64_MAX = 2**64 - 1
+_MAX_TEXT = 21
+
+
+def _read_counter(path: Path) -> bytes | None:
+    """A counter file's first bytes; None for anything but a regular file (this runs on the
+    event loop: a FIFO opened plainly would block the whole plugin)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, _MAX_TEXT + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _listdir(path: Path) -> list[str]:

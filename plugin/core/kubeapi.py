@@ -34,6 +34,11 @@ class KubeApiError(RuntimeError):
         self.status = status
 
 
+# Ways to log in that this client does not take (kubectl runs a plugin for exec and
+# auth-provider; basic auth is gone from Kubernetes).
+_UNSUPPORTED = ("exec", "auth-provider", "username", "password")
+
+
 class CredentialsError(ValueError):
     """No usable credentials: the message names the file or field and the fix."""
 
@@ -73,6 +78,9 @@ class KubeApi:
             doc: Any = parse_yaml(read_text(path))
         except (UnreadableError, ParseError) as exc:
             raise CredentialsError(f"--kubeconfig {path}: {exc}") from None
+        if not isinstance(doc, dict):
+            what = "empty" if doc is None else f"a {type(doc).__name__}, not a mapping"
+            raise CredentialsError(f"--kubeconfig {path}: {what}: name a kubeconfig file")
         try:
             config = cast(dict[str, Any], doc)
             current = config["current-context"]
@@ -81,12 +89,20 @@ class KubeApi:
             user = _named(config.get("users") or [], context.get("user", ""), {})
             user = cast(dict[str, Any], user.get("user") or {})
             server = str(cluster["server"])
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, AttributeError):
             raise CredentialsError(
-                f"--kubeconfig {path}: no current context with a cluster and server ({exc}): "
+                f"--kubeconfig {path}: no current context with a cluster and server: "
                 "`kubectl config view --minify` shows what it holds"
             ) from None
         where = f"--kubeconfig {path}"
+        unsupported = [k for k in _UNSUPPORTED if k in user] + (
+            ["proxy-url"] if "proxy-url" in cluster else []
+        )
+        if unsupported:  # sent without them, every call would be refused, or go elsewhere
+            raise CredentialsError(
+                f"{where}: {unsupported[0]} is not supported here: give the context a token, a "
+                "tokenFile or a client certificate (a service account's, for a driver)"
+            )
         tls = ssl.create_default_context()
         if cluster.get("insecure-skip-tls-verify"):
             tls.check_hostname = False

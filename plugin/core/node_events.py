@@ -117,8 +117,11 @@ class NodeEvents:
                 )
             else:
                 made = self.api.call("POST", EVENTS, self._event(post.problem, now))
-                self.ledger.named(post.problem, str(made["metadata"]["name"]))
-        except (KubeApiError, KeyError, TypeError) as exc:
+                try:
+                    self.ledger.named(post.problem, str(made["metadata"]["name"]))
+                except (KeyError, TypeError):
+                    raise KubeApiError(f"POST {EVENTS}: the answer has no metadata.name") from None
+        except KubeApiError as exc:
             self.ledger.failed(post.problem)
             if not self._unposted:
                 self._unposted = True

@@ -23,6 +23,7 @@ from plugin.core.node_events import NodeEvents
 from plugin.core.problems import REGISTRATION, Problem
 from plugin.core.sockets import bind_problem, clear_stale_socket, grpc_target
 from plugin.core.terminal import say
+from plugin.core.userfiles import why_not_writable
 from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from plugin.dra.prepare import Preparer
 from plugin.dra.servicer import RegistrationServicer, add_dra_services
@@ -65,6 +66,10 @@ async def run(
         spec.dev_root,
     )
     publisher = SlicePublisher(api, driver, node)
+    if (why := why_not_writable(spec.cdi_dir) if spec.cdi_dir.exists() else None) is not None:
+        logger.error(
+            "--cdi-dir %s %s: no claim can be prepared until it is fixed", spec.cdi_dir, why
+        )
     registered = False
     events = NodeEvents(api, node, PROG)
     refused: list[Problem] = []  # the kubelet's refusal of the registration, while it stands

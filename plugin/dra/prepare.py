@@ -237,6 +237,9 @@ def load_checkpoint(path: Path) -> dict[str, Prepared]:
     kept aside (never overwritten unread) and said: its claims are prepared again on demand."""
     try:
         doc = json.loads(read_text(path, CHECKPOINT_MAX_BYTES))
+        if not isinstance(doc, dict):
+            raise ValueError(f"a JSON {type(doc).__name__}, not this driver's checkpoint")
+        doc = cast(dict[str, Any], doc)
         if doc.get("version") != CHECKPOINT_VERSION:
             raise ValueError(f"version {doc.get('version')}, not {CHECKPOINT_VERSION}")
         return {uid: _prepared(c) for uid, c in doc["claims"].items()}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -258,7 +259,10 @@ def test_the_readme_states_every_range_as_the_code_defines_it() -> None:
     readme = (PROJECT_DIR / "README.md").read_text()
     low, high = RESCAN_INTERVAL_RANGE
     rows = {
-        "`--rescan-interval`, `rdmaRescanInterval`": f"{low:g}-{high:g} s",
+        "`--rescan-interval`, `rdmaRescanInterval`": (
+            f"{low:g}-{high:g} s (the stack key in whole seconds: {max(1, math.ceil(low))}-"
+            f"{high:g})"
+        ),
         "`maxAllocations`, `rdmaMaxAllocations`": f"1-{MAX_ALLOCATIONS_LIMIT}",
         "pools in the plugin config": f"1-{MAX_POOLS}",
         "a file the project reads; a number in it": (

@@ -207,10 +207,18 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
          "tokenFile: a character device, not a regular file"),
         ({"server": SERVER, "insecure-skip-tls-verify": True},
          {"tokenFile": "/nonexistent/token"}, "tokenFile: No such file or directory"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True},
+         {"exec": {"command": "/nonexistent/helper"}}, "exec is not supported here"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True},
+         {"auth-provider": {"name": "oidc"}}, "auth-provider is not supported here"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True},
+         {"username": "u", "password": "S3cret"}, "username is not supported here"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True, "proxy-url": "http://p:3128"},
+         {"token": "S3cret"}, "proxy-url is not supported here"),
     ],
     ids=["ca-not-base64", "ca-not-text", "ca-not-pem", "ca-file-missing", "port-out-of-range",
          "bad-ipv6", "cert-not-base64", "cert-file-missing", "token-fifo", "token-dev-zero",
-         "token-missing"],
+         "token-missing", "exec", "auth-provider", "basic-auth", "proxy"],
 )  # fmt: skip
 def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
     tmp_path: Path, cluster: dict[str, object], user: dict[str, object], said: str
@@ -402,3 +410,22 @@ async def test_a_read_only_plugin_dir_is_one_line_naming_its_flag(
     assert said[0].startswith(f"rdma-dra-driver: --{flag.replace('_', '-')}: {read_only}")
     assert "Read-only file system" in said[0] or "read-only file system" in said[0]
     assert "Traceback" not in driver.log.read_text()
+
+
+@pytest.mark.parametrize(("text", "said"), [("", "empty"), ("[1, 2]", "a list, not a mapping")])
+def test_a_kubeconfig_that_is_not_a_mapping_says_what_it_is(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(text)
+
+    done = subprocess.run(
+        [sys.executable, "-m", "plugin.dra", "--discovery", "sysfs", "--node-name", "n1",
+         "--kubeconfig", str(kubeconfig)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"rdma-dra-driver: --kubeconfig {kubeconfig}: {said}: name a kubeconfig file"
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -102,3 +103,20 @@ def test_the_readme_names_every_counter_of_the_table() -> None:
 
     for name, counter in [*PORT_COUNTERS.items(), *HW_COUNTERS.items()]:
         assert f"`{counter.metric}_total`" in readme, name
+
+
+def test_a_counter_file_that_is_not_one_u64_in_digits_is_left_out_never_waited_on(
+    tmp_path: Path,
+) -> None:
+    tree = two_mlx5(tmp_path)
+    counters = tree.port_dir("mlx5_0") / "counters"
+    tree.set_counter("mlx5_0", 1, "port_rcv_packets", "9")
+    tree.set_counter("mlx5_0", 1, "unicast_xmit_packets", "1" * 200)
+    tree.set_counter("mlx5_0", 1, "multicast_xmit_packets", "1_000")
+    tree.set_counter("mlx5_0", 1, "port_xmit_packets", str(2**64))
+    tree.set_counter("mlx5_0", 1, "rx_write_requests", "7" * 29, hw=True)
+    os.mkfifo(counters / "port_xmit_data")  # opened plainly, it would block the event loop
+
+    got = _scrape(tree.sys)
+
+    assert got == {("rdma_port_received_packets_total", (("hca", "mlx5_0"), ("port", "1"))): 9.0}
