@@ -63,9 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         discovery.name,
         ", ".join(f"{p.name} ({p.mode})" for p in config.pools),
     )
+    own = spec.plugins_dir / spec.driver_name  # its sockets, checkpoint and lock
+    if own.exists() and not own.is_dir():
+        say(f"{driver.PROG}: --plugins-dir: {own} is not a directory: move it away")
+        return 2
     exit_on_signals(driver.PROG, "before serving")
     try:
-        with instance.held(spec.plugins_dir / spec.driver_name):
+        with instance.held(own):
             return asyncio.run(driver.run(spec, node, config, discovery, api))
     except instance.LockError as exc:
         say(f"{driver.PROG}: --plugins-dir {exc}")

@@ -429,3 +429,22 @@ def test_a_kubeconfig_that_is_not_a_mapping_says_what_it_is(
     assert done.stderr.splitlines() == [
         f"rdma-dra-driver: --kubeconfig {kubeconfig}: {said}: name a kubeconfig file"
     ]
+
+
+async def test_its_own_plugin_dir_taken_by_a_file_is_said_and_kept(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    driver = Driver(short_tmp, tree)
+    own = driver.spec.plugins_dir / DRA_DRIVER
+    own.parent.mkdir(parents=True)
+    own.write_text("someone's notes\n")
+    with driver.log.open("ab") as log:
+        proc = await asyncio.create_subprocess_exec(
+            *driver.spec.command(sys.executable), stdout=log, stderr=log
+        )
+    code = await asyncio.wait_for(proc.wait(), 30)
+
+    assert code == 2
+    assert own.read_text() == "someone's notes\n"
+    said = [ln for ln in driver.log.read_text().splitlines() if ln.startswith("rdma-dra")]
+    assert said == [f"rdma-dra-driver: --plugins-dir: {own} is not a directory: move it away"]
