@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc
 
+from benchmarks.plugin_bench import fmt_ms
 from plugin.core.sockets import CHANNEL_OPTIONS, grpc_target
 from plugin.dra.api.dra.v1 import api_pb2 as v1
 from plugin.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
@@ -47,16 +48,8 @@ PODS = int(os.environ.get("BENCH_DRA_PODS", "10"))
 FLIPS = int(os.environ.get("BENCH_DRA_FLIPS", "10"))
 
 
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def fmt_ms(samples: list[float]) -> str:
-    return (
-        f"p50 {pct(samples, 0.5) * 1e3:.1f} ms, p99 {pct(samples, 0.99) * 1e3:.1f} ms "
-        f"(n={len(samples)})"
-    )
+def fmt(samples: list[float]) -> str:
+    return f"{fmt_ms(samples)} (n={len(samples)})"
 
 
 SHARED_CLAIM = {
@@ -121,8 +114,8 @@ async def d1(api: Api, driver: DraDriver) -> None:
             )
     for name, _ in claims:
         api.call("DELETE", f"{RESOURCE}/namespaces/{NS}/resourceclaims/{name}")
-    print(f"D1 NodePrepareResources, first: {fmt_ms(first)}")
-    print(f"D1 NodePrepareResources, repeat (checkpointed): {fmt_ms(repeat)}")
+    print(f"D1 NodePrepareResources, first: {fmt(first)}")
+    print(f"D1 NodePrepareResources, repeat (checkpointed): {fmt(repeat)}")
 
 
 def _pod(name: str, dra: bool) -> dict[str, Any]:
@@ -193,8 +186,8 @@ def d2(api: Api) -> None:
             _delete(api, pod["metadata"]["name"])  # the fixture's pool has 4 shares
     api.call("DELETE", f"{RESOURCE}/namespaces/{NS}/resourceclaimtemplates/bench-shared")
     ratio = statistics.median(times[True]) / statistics.median(times[False])
-    print(f"D2 pod create -> Running, claim (DRA): {fmt_ms(times[True])}")
-    print(f"D2 pod create -> Running, rdma/hca (device plugin): {fmt_ms(times[False])}")
+    print(f"D2 pod create -> Running, claim (DRA): {fmt(times[True])}")
+    print(f"D2 pod create -> Running, rdma/hca (device plugin): {fmt(times[False])}")
     print(f"D2 ratio of medians DRA / device plugin: {ratio:.2f}")
 
 
@@ -215,8 +208,8 @@ def d3(api: Api, driver: DraDriver) -> None:
                     raise RuntimeError(f"port {state}: slice not updated within 60 s")
                 time.sleep(0.01)
             samples[state].append(time.perf_counter() - t0)
-    print(f"D3 port down -> device withdrawn from the slice: {fmt_ms(samples['DOWN'])}")
-    print(f"D3 port up -> device published again: {fmt_ms(samples['ACTIVE'])}")
+    print(f"D3 port down -> device withdrawn from the slice: {fmt(samples['DOWN'])}")
+    print(f"D3 port up -> device published again: {fmt(samples['ACTIVE'])}")
 
 
 def main() -> int:

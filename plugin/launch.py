@@ -198,11 +198,15 @@ class DraLaunchSpec(CoreSpec):
                 )
 
 
-def with_node_name(spec: S) -> S:
+def with_node_name(spec: S) -> S | str:
     """`spec` with the node's name from $NODE_NAME when no flag gave one, checked as the flag's
-    is (LaunchError); unchanged when neither names it."""
+    is; unchanged when neither names it; or the refusal of the env's value (described, not
+    quoted)."""
     node = spec.node_name or os.environ.get(NODE_NAME_ENV, "")
-    return dataclasses.replace(spec, node_name=node)
+    try:
+        return dataclasses.replace(spec, node_name=node)
+    except LaunchError as exc:
+        return f"${NODE_NAME_ENV} {described(node)}: {exc.why}"
 
 
 # A listening address's host: a name, an IPv4 address, [an IPv6 one], or empty (every one).

@@ -57,9 +57,14 @@ def spec(kind: str, devices: Mapping[str, Allocation]) -> dict[str, object]:
 
 
 def write_spec(cdi_dir: Path, file_name: str, content: Mapping[str, object]) -> None:
-    """Written whole or not at all: a runtime may read the dir at any moment."""
-    cdi_dir.mkdir(parents=True, exist_ok=True)
-    write_atomically(cdi_dir / file_name, json.dumps(content, indent=1, sort_keys=True))
+    """Written whole or not at all: a runtime may read the dir at any moment. CdiError naming
+    the dir and why when it cannot be."""
+    try:
+        cdi_dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(cdi_dir / file_name, json.dumps(content, indent=1, sort_keys=True))
+    except OSError as exc:
+        why = why_not_writable(cdi_dir) or exc.strerror or str(exc)
+        raise CdiError(f"--cdi-dir {cdi_dir}: cannot write {file_name} there: {why}") from None
 
 
 class SpecFile:
@@ -106,14 +111,6 @@ class SpecFile:
         if self._devices.get(name) != entry:
             devices = {**self._devices, name: entry}
             content = {"cdiVersion": CDI_VERSION, "kind": self.kind}
-            try:
-                write_spec(
-                    self.cdi_dir, self.file_name, {**content, "devices": [*devices.values()]}
-                )
-            except OSError as exc:
-                why = why_not_writable(self.cdi_dir) or exc.strerror or str(exc)
-                raise CdiError(
-                    f"--cdi-dir {self.cdi_dir}: cannot write {self.file_name} there: {why}"
-                ) from None
+            write_spec(self.cdi_dir, self.file_name, {**content, "devices": [*devices.values()]})
             self._devices = devices
         return device_id(self.kind, name)

@@ -22,6 +22,8 @@ from plugin.core.userfiles import ParseError, UnreadableError, described, parse_
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _TIMEOUT = 15.0
+# A token file's size at most (a service account's JWT is about 1 KB).
+_TOKEN_MAX = 64 * 1024
 # The most of an API server's error message said (a proxy in the way can answer megabytes).
 _SAID = 300
 
@@ -118,7 +120,7 @@ class KubeApi:
         token = user.get("token")
         if token is None and "tokenFile" in user:
             token_file = Path(str(user["tokenFile"]))
-            token = _field(where, "tokenFile", lambda: read_text(token_file, 64 * 1024)).strip()
+            token = _field(where, "tokenFile", lambda: read_text(token_file, _TOKEN_MAX)).strip()
         return KubeApi.at(server, tls, token, where)
 
     @staticmethod
@@ -132,7 +134,7 @@ class KubeApi:
         where = f"the pod's service account ({SERVICE_ACCOUNT})"
         ca = str(SERVICE_ACCOUNT / "ca.crt")
         tls = _field(where, "ca.crt", lambda: ssl.create_default_context(cafile=ca))
-        token = _field(where, "token", lambda: read_text(SERVICE_ACCOUNT / "token", 64 * 1024))
+        token = _field(where, "token", lambda: read_text(SERVICE_ACCOUNT / "token", _TOKEN_MAX))
         return KubeApi.at(f"https://{host}:{port}", tls, token.strip(), "KUBERNETES_SERVICE_HOST")
 
     @staticmethod

@@ -96,31 +96,18 @@ class NodeEvents:
             logger.info("no API access: the node's problems are in this log only, not Events")
 
     def report(self, problems: Sequence[Problem]) -> None:
-        """On the event loop, at every scan: post what is due, in a thread."""
+        """On the event loop, at every scan: post what is due. Only the calls run in a thread;
+        the ledger and what was said are the loop's alone."""
         if self.api is None:
             return
         for post in self.ledger.due(problems, self.clock()):
-            task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._post, post))
+            task = asyncio.get_running_loop().create_task(self._send(post))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _post(self, post: Post) -> None:
-        assert self.api is not None
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    async def _send(self, post: Post) -> None:
         try:
-            if post.name:
-                self.api.call(
-                    "PATCH",
-                    f"{EVENTS}/{post.name}",
-                    {"count": post.count, "lastTimestamp": now},
-                    content_type="application/merge-patch+json",
-                )
-            else:
-                made = self.api.call("POST", EVENTS, self._event(post.problem, now))
-                try:
-                    self.ledger.named(post.problem, str(made["metadata"]["name"]))
-                except (KeyError, TypeError):
-                    raise KubeApiError(f"POST {EVENTS}: the answer has no metadata.name") from None
+            name = await asyncio.to_thread(self._call, post)
         except KubeApiError as exc:
             self.ledger.failed(post.problem)
             if not self._unposted:
@@ -131,9 +118,29 @@ class NodeEvents:
                     exc,
                 )
             return
+        if name:
+            self.ledger.named(post.problem, name)
         if self._unposted:
             self._unposted = False
             logger.info("posting Events on node %s again", self.node)
+
+    def _call(self, post: Post) -> str:
+        """The API call (blocking, in a thread); the new Event's name ("" for a count raised)."""
+        assert self.api is not None
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if post.name:
+            self.api.call(
+                "PATCH",
+                f"{EVENTS}/{post.name}",
+                {"count": post.count, "lastTimestamp": now},
+                content_type="application/merge-patch+json",
+            )
+            return ""
+        made = self.api.call("POST", EVENTS, self._event(post.problem, now))
+        try:
+            return str(made["metadata"]["name"])
+        except (KeyError, TypeError):
+            raise KubeApiError(f"POST {EVENTS}: the answer has no metadata.name") from None
 
     def _event(self, problem: Problem, now: str) -> dict[str, object]:
         return {

@@ -16,9 +16,8 @@ from plugin.core.discovery.choose import choose_discovery
 from plugin.core.discovery.model import DiscoveryError
 from plugin.core.kubeapi import CredentialsError, KubeApi
 from plugin.core.terminal import exit_on_signals, say
-from plugin.core.userfiles import described
 from plugin.deviceplugin import supervisor
-from plugin.launch import MAX_UNIX_PATH, NODE_NAME_ENV, LaunchError, socket_name
+from plugin.launch import MAX_UNIX_PATH, socket_name
 
 logger = logging.getLogger("plugin")
 
@@ -57,12 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    try:
-        spec = launch.with_node_name(spec)
-    except LaunchError as exc:
-        said = described(os.environ.get(NODE_NAME_ENV, ""))
-        say(f"rdma-device-plugin: ${NODE_NAME_ENV} {said}: {exc.why}")
+    named = launch.with_node_name(spec)
+    if isinstance(named, str):
+        say(f"{supervisor.PROG}: {named}")
         return 2
+    spec = named
     try:
         config = load_config(spec.config_path, explicit=spec.config is not None)
         check_socket_paths(spec.device_plugin_dir, config)

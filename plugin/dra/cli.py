@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
 
 from plugin import launch
@@ -16,9 +15,8 @@ from plugin.core.discovery.choose import choose_discovery
 from plugin.core.discovery.model import DiscoveryError
 from plugin.core.kubeapi import CredentialsError, KubeApi
 from plugin.core.terminal import exit_on_signals, say
-from plugin.core.userfiles import described
 from plugin.dra import driver
-from plugin.launch import NODE_NAME_ENV, DraLaunchSpec, LaunchError
+from plugin.launch import NODE_NAME_ENV, DraLaunchSpec
 
 logger = logging.getLogger("plugin")
 
@@ -35,12 +33,11 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    try:
-        spec = launch.with_node_name(spec)
-    except LaunchError as exc:
-        said = described(os.environ.get(NODE_NAME_ENV, ""))
-        say(f"{driver.PROG}: ${NODE_NAME_ENV} {said}: {exc.why}")
+    named = launch.with_node_name(spec)
+    if isinstance(named, str):
+        say(f"{driver.PROG}: {named}")
         return 2
+    spec = named
     node = spec.node_name
     if not node:
         say(f"{driver.PROG}: no node name: pass --node-name, or set ${NODE_NAME_ENV}")

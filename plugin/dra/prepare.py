@@ -24,7 +24,7 @@ from plugin.core.discovery.model import Hca
 from plugin.core.gidchoice import NoGidError, choose
 from plugin.core.kubeapi import KubeApi, KubeApiError
 from plugin.core.netaddrs import namespace_addresses
-from plugin.core.userfiles import UnreadableError, read_text, why_not_writable, write_atomically
+from plugin.core.userfiles import UnreadableError, read_text, write_atomically
 from plugin.dra.devices import SliceDevice, slice_devices
 from plugin.launch import HCAS_ENV, family_for
 
@@ -111,11 +111,8 @@ class Preparer:
         if not (self.cdi_dir / name).exists():
             try:
                 cdi.write_spec(self.cdi_dir, name, done.spec)
-            except OSError as exc:
-                why = why_not_writable(self.cdi_dir) or exc.strerror or str(exc)
-                raise PrepareError(
-                    f"--cdi-dir {self.cdi_dir}: cannot write {name} there: {why}"
-                ) from None
+            except cdi.CdiError as exc:
+                raise PrepareError(str(exc)) from None
         return done.devices
 
     def unprepare(self, claim: ClaimRef) -> None:

@@ -215,6 +215,15 @@ def test_a_key_given_twice_in_a_stack_file_is_refused(tmp_path: Path) -> None:
         stack_config("x", project_dir=tmp_path)
 
 
+def _preview(cwd: Path, path: str, stdout: int = subprocess.PIPE) -> subprocess.Popen[str]:
+    """`python -m infra.deploy preview --stack local` with PATH `path` (a fake `pulumi`)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
+        cwd=cwd, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path},
+        stdout=stdout, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
 def _fake_pulumi(directory: Path, script: str) -> str:
     directory.mkdir()
     exe = directory / "pulumi"
@@ -648,11 +657,7 @@ def test_a_set_key_that_is_no_key_is_refused(tmp_path: Path) -> None:
 def test_deploy_says_what_it_waits_for_before_the_engine_answers(tmp_path: Path) -> None:
     script = '#!/bin/sh\n[ "$1" = version ] && { echo v3.277.0; exit 0; }\nexec sleep 3600\n'
     path = _fake_pulumi(tmp_path / "bin", script)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = _preview(tmp_path, path)
     assert proc.stdout is not None
     first = proc.stdout.readline()  # said at once, while the hung `pulumi` never answers
     time.sleep(1)
@@ -861,11 +866,7 @@ def test_a_stop_while_pulumi_version_hangs_kills_it_and_leaves_nothing_running(
     pids = tmp_path / "pids"
     script = f"#!/bin/sh\necho $$ >> {pids}; sleep 3600 & echo $! >> {pids}; wait\n"
     path = _fake_pulumi(tmp_path / "bin", script)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = _preview(tmp_path, path)
     assert proc.stderr is not None
     assert "deploy: waiting for" in proc.stderr.readline()  # after 1 s of no answer
     proc.send_signal(sig)
@@ -885,11 +886,7 @@ def test_a_pulumi_subcommand_that_says_nothing_is_named_after_a_while(tmp_path: 
         f"echo $$ >> {pids}; sleep 3600 & echo $! >> {pids}; wait\n"
     )
     path = _fake_pulumi(tmp_path / "bin", script)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = _preview(tmp_path, path, stdout=subprocess.DEVNULL)
     assert proc.stderr is not None
     try:
         line = proc.stderr.readline()  # after the engine's first command was silent for 10 s

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import subprocess
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,3 +24,13 @@ async def plugin(
     proc = PluginProcess(short_tmp, plugin_dir, sysfs=tree.sys, dev=tree.dev)
     yield proc
     await proc.close()
+
+
+@pytest.fixture
+def read_only_dir(short_tmp: Path) -> Iterator[Path]:
+    """An empty dir on a read-only mount (a bind mount of itself)."""
+    path = short_tmp / "ro"
+    path.mkdir()
+    subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], check=True)
+    yield path
+    subprocess.run(["umount", str(path)], check=True)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -114,15 +112,6 @@ async def test_a_file_at_the_spec_name_that_is_not_ours_is_never_overwritten_nor
     after = theirs.lstat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     assert f"{theirs}: " in plugin.output()  # said at start too
-
-
-@pytest.fixture
-def read_only_dir(short_tmp: Path) -> Iterator[Path]:
-    path = short_tmp / "cdi"
-    path.mkdir()
-    subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], check=True)
-    yield path
-    subprocess.run(["umount", str(path)], check=True)
 
 
 async def test_a_read_only_cdi_dir_is_said_at_start_and_in_the_refusal(

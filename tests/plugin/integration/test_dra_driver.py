@@ -15,7 +15,7 @@ import ssl
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -81,6 +81,14 @@ class Driver:
                 return
             await asyncio.sleep(0.05)
         raise AssertionError(f"no {socket} within 10 s:\n{self.log.read_text()}")
+
+    async def refused(self, spec: DraLaunchSpec | None = None) -> int:
+        """Run `spec` (default: its own), expected to stop at once: its exit code."""
+        with self.log.open("ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *(spec or self.spec).command(sys.executable), stdout=log, stderr=log
+            )
+        return await asyncio.wait_for(proc.wait(), 30)
 
     async def stop(self) -> int:
         assert self.proc is not None
@@ -343,11 +351,7 @@ async def test_a_file_where_a_socket_goes_is_kept_and_said(
     )
     path.parent.mkdir(parents=True)
     path.write_text("someone's notes\n")
-    with driver.log.open("ab") as log:
-        proc = await asyncio.create_subprocess_exec(
-            *spec.command(sys.executable), stdout=log, stderr=log
-        )
-    code = await asyncio.wait_for(proc.wait(), 30)
+    code = await driver.refused(spec)
 
     assert code == 2
     assert path.read_text() == "someone's notes\n"
@@ -383,31 +387,18 @@ async def test_a_checkpoint_that_cannot_be_read_is_kept_aside_and_the_driver_ser
     )
 
 
-@pytest.fixture
-def read_only(short_tmp: Path) -> Iterator[Path]:
-    path = short_tmp / "ro"
-    path.mkdir()
-    subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], check=True)
-    yield path
-    subprocess.run(["umount", str(path)], check=True)
-
-
 @pytest.mark.parametrize("flag", ["plugins_registry_dir", "plugins_dir"])
 async def test_a_read_only_plugin_dir_is_one_line_naming_its_flag(
-    short_tmp: Path, tree: SysfsTree, read_only: Path, flag: str
+    short_tmp: Path, tree: SysfsTree, read_only_dir: Path, flag: str
 ) -> None:
     driver = Driver(short_tmp, tree)
-    spec = dataclasses.replace(driver.spec, **{flag: read_only})
-    with driver.log.open("ab") as log:
-        proc = await asyncio.create_subprocess_exec(
-            *spec.command(sys.executable), stdout=log, stderr=log
-        )
-    code = await asyncio.wait_for(proc.wait(), 30)
+    spec = dataclasses.replace(driver.spec, **{flag: read_only_dir})
+    code = await driver.refused(spec)
 
     said = [ln for ln in driver.log.read_text().splitlines() if ln.startswith("rdma-dra-driver:")]
     assert code == 2
     assert len(said) == 1
-    assert said[0].startswith(f"rdma-dra-driver: --{flag.replace('_', '-')}: {read_only}")
+    assert said[0].startswith(f"rdma-dra-driver: --{flag.replace('_', '-')}: {read_only_dir}")
     assert "Read-only file system" in said[0] or "read-only file system" in said[0]
     assert "Traceback" not in driver.log.read_text()
 
@@ -438,11 +429,7 @@ async def test_its_own_plugin_dir_taken_by_a_file_is_said_and_kept(
     own = driver.spec.plugins_dir / DRA_DRIVER
     own.parent.mkdir(parents=True)
     own.write_text("someone's notes\n")
-    with driver.log.open("ab") as log:
-        proc = await asyncio.create_subprocess_exec(
-            *driver.spec.command(sys.executable), stdout=log, stderr=log
-        )
-    code = await asyncio.wait_for(proc.wait(), 30)
+    code = await driver.refused()
 
     assert code == 2
     assert own.read_text() == "someone's notes\n"
