@@ -170,6 +170,9 @@ HW_COUNTERS = {
 OTHER = Counter("hw_other", "", "A driver counter the table above does not name")
 # Not a counter: how long (ms) the driver caches hw_counters between reads.
 NOT_COUNTERS = frozenset({"lifespan"})
+# Each port's logical state as a gauge (node_exporter: node_infiniband_state_id).
+STATE_METRIC = PREFIX + "state"
+STATE_HELP = "Port state: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER"
 
 
 def metrics_for(spec: CoreSpec) -> Metrics:
@@ -192,6 +195,9 @@ def collect(sysfs_root: Path) -> list[MetricFamily]:
             )
         return families[counter.metric]
 
+    states = MetricFamily(STATE_METRIC, STATE_HELP, "gauge", LABELS)
+    for hca, port, state in _states(sysfs_root):
+        states.labels(hca, port).set(state)
     for hca, port, kind, name, value in _files(sysfs_root):
         table = PORT_COUNTERS if kind == "counters" else HW_COUNTERS
         counter = table.get(name)
@@ -199,24 +205,37 @@ def collect(sysfs_root: Path) -> list[MetricFamily]:
             family(counter).labels(hca, port).inc(value * counter.scale)
         elif kind == "hw_counters" and name not in NOT_COUNTERS:
             family(OTHER, "counter").labels(hca, port, name).inc(value)
-    return list(families.values())
+    return [states, *families.values()]
+
+
+def _ports(sysfs_root: Path) -> Iterator[tuple[str, str, Path]]:
+    base = sysfs_root / "class" / "infiniband"
+    for hca in _listdir(base):
+        for port in _listdir(base / hca / "ports"):
+            yield hca, port, base / hca / "ports" / port
+
+
+def _states(sysfs_root: Path) -> Iterator[tuple[str, str, int]]:
+    """(hca, port, state number) of every port whose `state` reads like "4: ACTIVE"."""
+    for hca, port, where in _ports(sysfs_root):
+        text = _read_counter(where / "state")
+        number = decimal(text.decode("ascii", "replace").partition(":")[0]) if text else None
+        if number is not None and 0 <= number <= 7:  # the IB PortState field's width
+            yield hca, port, number
 
 
 def _files(sysfs_root: Path) -> Iterator[tuple[str, str, str, str, int]]:
     """(hca, port, counters|hw_counters, file, value) of every readable counter file."""
-    base = sysfs_root / "class" / "infiniband"
-    for hca in _listdir(base):
-        ports = base / hca / "ports"
-        for port in _listdir(ports):
-            for kind in ("counters", "hw_counters"):
-                where = ports / port / kind
-                for name in _listdir(where):
-                    text = _read_counter(where / name)
-                    if text is None:
-                        continue
-                    value = decimal(text.decode("ascii", "replace").strip())
-                    if value is not None and value <= _U64_MAX and len(text) <= _MAX_TEXT:
-                        yield hca, port, kind, name, value
+    for hca, port, path in _ports(sysfs_root):
+        for kind in ("counters", "hw_counters"):
+            where = path / kind
+            for name in _listdir(where):
+                text = _read_counter(where / name)
+                if text is None:
+                    continue
+                value = decimal(text.decode("ascii", "replace").strip())
+                if value is not None and value <= _U64_MAX and len(text) <= _MAX_TEXT:
+                    yield hca, port, kind, name, value
 
 
 # A counter file holds one u64 in decimal and a newline; anything else is not a counter's.

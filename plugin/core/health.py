@@ -132,12 +132,16 @@ class HealthWatcher:
         self, inventory: Inventory, views: list[policy.PoolView], conflicts: list[str]
     ) -> None:
         self.metrics.pool_conflicts.set(len(conflicts))
+        self.metrics.hca_healthy.clear()  # an HCA gone since the last scan leaves no sample
         for view in views:
             resource = view.pool.resource_name
             healthy = sum(d.healthy for d in view.devices)
             self.metrics.devices.labels(resource, policy.HEALTHY).set(healthy)
             self.metrics.devices.labels(resource, policy.UNHEALTHY).set(len(view.devices) - healthy)
             self.metrics.hcas.labels(resource).set(len(view.hcas))
+            for hca in view.hcas:
+                ok = hca.unhealthy_reason() is None
+                self.metrics.hca_healthy.labels(resource, hca.name).set(1 if ok else 0)
         problems: list[Problem] = []
         if not inventory.rdma_cm and inventory.hcas:
             problems.append(Problem(NO_RDMA_CM, "no rdma_cm device node (is rdma_ucm loaded?): "

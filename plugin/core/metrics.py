@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 logger = logging.getLogger(__name__)
@@ -51,6 +51,10 @@ class MetricFamily:
     def inc(self, amount: float = 1.0) -> None:
         self.labels().inc(amount)
 
+    def clear(self) -> None:
+        """Forget every sample (a gauge whose label set is redrawn at each scan)."""
+        self._values.clear()
+
     def set(self, value: float) -> None:
         self.labels().set(value)
 
@@ -90,6 +94,13 @@ class Metrics:
             "rdma_plugin_devices", "Device IDs advertised, by health", "gauge", "resource", "health"
         )
         self.hcas = self._family("rdma_plugin_hcas", "HCAs behind each pool", "gauge", "resource")
+        self.hca_healthy = self._family(
+            "rdma_plugin_hca_healthy",
+            "1 when the HCA's ports are up and readable, 0 when it is left out of allocations",
+            "gauge",
+            "resource",
+            "hca",
+        )
         self.allocations = self._family(
             "rdma_plugin_allocations", "Successful Allocate calls", "counter", "resource"
         )
@@ -134,6 +145,23 @@ class Metrics:
     def collect(self, collector: Callable[[], list[MetricFamily]]) -> None:
         """Render `collector`'s families too, asking it at each scrape."""
         self._collectors.append(collector)
+
+    def registration(self, state: Callable[[], Mapping[str, bool]]) -> None:
+        """rdma_plugin_registered: 1 while the kubelet holds the registration of a resource (or
+        DRA driver), read from `state` at each scrape, so it is never stale."""
+
+        def collect() -> list[MetricFamily]:
+            family = MetricFamily(
+                "rdma_plugin_registered",
+                "1 while the kubelet holds this resource's (or DRA driver's) registration",
+                "gauge",
+                ("resource",),
+            )
+            for name, registered in state().items():
+                family.labels(name).set(1 if registered else 0)
+            return [family]
+
+        self.collect(collect)
 
     def render(self) -> bytes:
         fresh = [f for collector in self._collectors for f in collector()]

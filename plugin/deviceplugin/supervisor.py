@@ -54,6 +54,7 @@ async def run(
         p.name: Endpoint(p, spec.dev_root, spec.device_plugin_dir, metrics, _cdi(spec, p))
         for p in config.pools
     }
+    metrics.registration(lambda: {e.resource: e.registered for e in endpoints.values()})
 
     async def publish(views: Sequence[policy.PoolView]) -> None:
         for view in views:

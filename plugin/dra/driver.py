@@ -73,6 +73,7 @@ async def run(
     registered = False
     events = NodeEvents(api, node, PROG)
     refused: list[Problem] = []  # the kubelet's refusal of the registration, while it stands
+    metrics.registration(lambda: {driver: registered})
 
     async def publish(views: Sequence[policy.PoolView]) -> None:
         publisher.update(preparer.update(views))

@@ -15,6 +15,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -116,6 +117,30 @@ async def test_the_kubelets_plugin_watcher_learns_who_and_where_the_driver_is(
     assert info.name == DRA_DRIVER
     assert info.endpoint == str(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
     assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+
+
+async def test_registered_on_metrics_follows_the_kubelets_registration_status(
+    driver: Driver,
+) -> None:
+    url = f"http://{driver.spec.metrics_address}/metrics"
+
+    def registered() -> str:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+        (line,) = (x for x in text.splitlines() if x.startswith("rdma_plugin_registered{"))
+        return line
+
+    path = registration_socket(driver.spec.plugins_registry_dir, DRA_DRIVER)
+    sample = f'rdma_plugin_registered{{resource="{DRA_DRIVER}"}}'
+    assert await asyncio.to_thread(registered) == f"{sample} 0.0"  # the kubelet has not said
+    async with grpc.aio.insecure_channel(grpc_target(path), options=CHANNEL_OPTIONS) as channel:
+        stub = reg_grpc.RegistrationStub(channel)
+        await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True))
+        assert await asyncio.to_thread(registered) == f"{sample} 1.0"
+        await stub.NotifyRegistrationStatus(
+            reg.RegistrationStatus(plugin_registered=False, error="version not supported")
+        )
+    assert await asyncio.to_thread(registered) == f"{sample} 0.0"
 
 
 async def test_a_claim_that_cannot_be_read_is_an_error_for_that_claim_and_the_driver_serves_on(

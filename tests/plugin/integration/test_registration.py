@@ -237,6 +237,12 @@ async def test_serves_healthz_and_metrics(kubelet: KubeletPeer, plugin: PluginPr
     _, metrics = await asyncio.to_thread(get, "/metrics")
     assert 'rdma_plugin_devices{health="Healthy",resource="rdma/hca"} 1000.0' in metrics
     assert 'rdma_plugin_registrations_total{resource="rdma/hca",result="ok"} 1.0' in metrics
+    assert 'rdma_plugin_registered{resource="rdma/hca"} 1.0' in metrics
+    assert 'rdma_plugin_hca_healthy{hca="mlx5_1",resource="rdma/hca"} 1.0' in metrics
+
+    await kubelet.stop()  # its socket gone: the registration it held is gone with it
+    _, metrics = await asyncio.to_thread(get, "/metrics")
+    assert 'rdma_plugin_registered{resource="rdma/hca"} 0.0' in metrics
 
 
 async def test_metrics_carry_each_ports_counters_read_at_each_scrape(

@@ -7,7 +7,14 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from plugin.core.counters import HW_COUNTERS, OTHER, PORT_COUNTERS, collect, metrics_for
+from plugin.core.counters import (
+    HW_COUNTERS,
+    OTHER,
+    PORT_COUNTERS,
+    STATE_METRIC,
+    collect,
+    metrics_for,
+)
 from plugin.launch import LaunchSpec
 from tests.plugin.sysfs_tree import two_mlx5
 
@@ -22,8 +29,30 @@ def _samples(text: str) -> Samples:
     }
 
 
-def _scrape(sysfs: Path) -> Samples:
-    return _samples("".join(f.render() for f in collect(sysfs)))
+def _scrape(sysfs: Path, *, states: bool = False) -> Samples:
+    """The counters' samples (and the ports' states, when asked)."""
+    got = _samples("".join(f.render() for f in collect(sysfs)))
+    return {k: v for k, v in got.items() if states or k[0] != STATE_METRIC}
+
+
+def test_each_ports_state_is_a_gauge_of_its_number(tmp_path: Path) -> None:
+    tree = two_mlx5(tmp_path)
+    tree.set_port("mlx5_1", 1, "DOWN")
+
+    got = _scrape(tree.sys, states=True)
+
+    assert got == {
+        (STATE_METRIC, (("hca", "mlx5_0"), ("port", "1"))): 4.0,
+        (STATE_METRIC, (("hca", "mlx5_1"), ("port", "1"))): 1.0,
+    }
+
+
+def test_a_state_that_is_not_a_port_state_is_left_out(tmp_path: Path) -> None:
+    tree = two_mlx5(tmp_path)
+    (tree.port_dir("mlx5_0") / "state").write_text("ACTIVE")  # no number
+    (tree.port_dir("mlx5_1") / "state").write_text("9: ACTIVE")  # past the field's width
+
+    assert _scrape(tree.sys, states=True) == {}
 
 
 def test_each_file_is_its_tables_counter_per_hca_and_port(tmp_path: Path) -> None:
@@ -72,8 +101,8 @@ def test_a_file_that_cannot_be_read_leaves_out_that_file_only(tmp_path: Path) ->
     assert got == {("rdma_port_received_packets_total", (("hca", "mlx5_0"), ("port", "1"))): 9.0}
 
 
-def test_no_rdma_device_is_no_family(tmp_path: Path) -> None:
-    assert collect(tmp_path) == []
+def test_no_rdma_device_is_no_sample(tmp_path: Path) -> None:
+    assert _scrape(tmp_path, states=True) == {}
 
 
 def test_the_table_gives_every_file_its_own_valid_metric() -> None:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from plugin.config import PluginConfig, Pool
 from plugin.core.discovery.model import CharDevices, Hca, Inventory, Port
@@ -141,3 +142,30 @@ async def test_an_hca_no_pool_can_offer_is_a_problem_counted_and_logged(
     assert views[0].devices == ()
     assert "rdma_plugin_problems 1.0" in metrics.render().decode()
     assert "over the 63 of a device ID" in caplog.text
+
+
+def hca_health(metrics: Metrics) -> dict[str, float]:
+    return {
+        s.labels["hca"]: s.value
+        for f in text_string_to_metric_families(metrics.render().decode())
+        if f.name == "rdma_plugin_hca_healthy"
+        for s in f.samples
+    }
+
+
+async def test_each_hcas_health_is_a_gauge_and_an_hca_gone_leaves_none() -> None:
+    discovery = HeldDiscovery()
+    metrics = Metrics()
+    watcher, _ = watched(discovery, metrics)
+    await watcher.rescan()
+    assert hca_health(metrics) == {"mlx5_0": 1.0, "mlx5_1": 1.0}
+
+    watcher.on_link_message(link_message("eth1", carrier=False))
+    await watcher.rescan()
+    assert hca_health(metrics) == {"mlx5_0": 1.0, "mlx5_1": 0.0}
+
+    discovery.inventory = dataclasses.replace(
+        discovery.inventory, hcas=discovery.inventory.hcas[:1]
+    )
+    await watcher.rescan()
+    assert hca_health(metrics) == {"mlx5_0": 1.0}

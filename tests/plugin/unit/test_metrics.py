@@ -39,7 +39,7 @@ def test_every_family_is_declared_with_its_type_before_any_sample() -> None:
 
     assert families["rdma_plugin_allocations"] == "counter"
     assert families["rdma_plugin_non_host_network_ready"] == "gauge"
-    assert len(families) == 10
+    assert len(families) == 11
 
 
 @pytest.mark.parametrize(
