@@ -8,9 +8,9 @@ with warnings.catch_warnings():
     # the tests turn warnings into errors, so silence the package's DeprecationWarnings, and
     # only while it loads.
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"pulumi_alicloud\.")
-    from pulumi_alicloud import Provider, cs, eflo, vpc
+    from pulumi_alicloud import Provider, arms, cs, eflo, vpc
 
     # The SDK loads a submodule on first attribute access: touch each one here, under the filter.
-    _LOADED = (cs.NodePool, eflo.Cluster, vpc.Switch)
+    _LOADED = (arms.PrometheusAlertRule, cs.NodePool, eflo.Cluster, vpc.Switch)
 
-__all__ = ["Provider", "cs", "eflo", "vpc"]
+__all__ = ["Provider", "arms", "cs", "eflo", "vpc"]

@@ -26,6 +26,7 @@ from infra.keys import (
     KNOWN_KEYS,
     LIST_KEYS,
     Keys,
+    Monitoring,
     StackConfigError,
     describe,
     seconds,
@@ -141,6 +142,8 @@ class StackConfig:
     # jobAwaitTimeout in seconds: the sample Jobs' activeDeadlineSeconds; None: not awaited
     job_deadline_seconds: int | None
     plugin_await_timeout: str
+    # The plugin's scrape, alerts and dashboard, for this monitoring (rdmaMonitoring)
+    monitoring: Monitoring
 
     @property
     def non_host_network(self) -> bool:
@@ -223,6 +226,7 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
     problems = [
         *_check_network_mode(k),
         *_check_api(k),
+        *_check_monitoring(k),
         *cluster_problems,
         *_check_names(k),
         *plugin_problems,
@@ -244,6 +248,7 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
         samples=samples,
         job_deadline_seconds=deadline,
         plugin_await_timeout=k.plugin_await_timeout,
+        monitoring=k.rdma_monitoring,
     )
 
 
@@ -289,6 +294,18 @@ def _check_api(k: Keys) -> list[str]:
             f"{version['major']}.{version['minor']} {fix}"
         ]
     return []
+
+
+def _check_monitoring(k: Keys) -> list[str]:
+    """ARMS is the managed Prometheus of an ACK cluster: one adopted by kubeconfig has no ID
+    to give it."""
+    if k.rdma_monitoring != "arms" or k.creates_cluster or k.kubeconfig is None:
+        return []
+    return [
+        f"{_key('rdmaMonitoring')}: arms needs an ACK cluster's ID, and this stack adopts its "
+        f"cluster by kubeconfig: adopt it by {_key('clusterId')}, or use your own Prometheus "
+        f"{_set('rdmaMonitoring', 'prometheusOperator')}"
+    ]
 
 
 def _cluster(k: Keys) -> tuple[Cluster | None, list[str]]:

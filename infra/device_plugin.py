@@ -54,6 +54,7 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
 
     daemonset_name: pulumi.Output[str]
     image: pulumi.Output[str]
+    pod_labels: dict[str, str]
 
     def __init__(
         self, name: str, args: DevicePluginArgs, opts: pulumi.ResourceOptions | None = None
@@ -85,6 +86,7 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
         else:
             self.image = pulumi.Output.from_input(args.image.ref)
         labels = {APP_LABEL: name}
+        self.pod_labels = labels  # what selects its pods (a PodMonitor)
         account = k8s.core.v1.ServiceAccount(
             f"{name}-sa",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=name, namespace=args.namespace, labels=labels),

@@ -65,6 +65,10 @@ def _digits(value: object) -> object:
 Whole = Annotated[int, BeforeValidator(_digits)]
 
 
+# What watches the plugin: nothing, a Prometheus Operator in the cluster, or ACK's ARMS.
+Monitoring = Literal["none", "prometheusOperator", "arms"]
+
+
 class Keys(BaseModel):
     """Every key of the `lingjun-rdma` namespace but the sample images, as typed values;
     defaults live in Pulumi.yaml's schema."""
@@ -97,6 +101,7 @@ class Keys(BaseModel):
     rdma_api: Literal["devicePlugin", "dra"]
     rdma_rescan_interval: Whole
     rdma_port_counters: Flag
+    rdma_monitoring: Monitoring
     namespace: str
     plugin_image: str | None = None
     plugin_image_build: Flag

@@ -12,6 +12,7 @@ from infra.cluster import Cluster, ExistingCluster
 from infra.config import AckCluster, CreateCluster, StackConfig
 from infra.device_plugin import DevicePluginArgs, RdmaDevicePlugin
 from infra.jobs import SAMPLES, RdmaJob, RdmaJobArgs, resolve_host_network
+from infra.monitoring import MonitoringArgs, RdmaMonitoring
 from infra.network import Network
 from plugin.dra.devices import device_class_name
 from plugin.launch import DraLaunchSpec
@@ -35,24 +36,40 @@ def main() -> dict[str, pulumi.Output[Any]]:
     in_region = pulumi.ResourceOptions(providers=clouds)
     exports: dict[str, pulumi.Output[Any]] = {}
     cluster = cfg.cluster
+    cluster_id: pulumi.Input[str] | None = None  # an ACK cluster's
     if isinstance(cluster, CreateCluster):
         network = Network(f"{NAME}-net", cluster.network, opts=in_region)
         created = Cluster(f"{NAME}-cluster", cluster, network, opts=in_region)
         provider, kubeconfig = created.provider, created.kubeconfig
-        exports["clusterId"] = created.cluster_id
+        exports["clusterId"] = cluster_id = created.cluster_id
         exports["nodePoolId"] = created.node_pool_id
         exports["vpcId"] = network.vpc_id
     else:
         existing = ExistingCluster(f"{NAME}-cluster", cluster, opts=in_region)
         provider, kubeconfig = existing.provider, existing.kubeconfig
-        cluster_id = cluster.cluster_id if isinstance(cluster, AckCluster) else ""
-        exports["clusterId"] = pulumi.Output.from_input(cluster_id)
+        cluster_id = cluster.cluster_id if isinstance(cluster, AckCluster) else None
+        exports["clusterId"] = pulumi.Output.from_input(cluster_id or "")
     exports["kubeconfig"] = kubeconfig
 
     in_cluster = pulumi.ResourceOptions(providers=[*clouds, provider])
     plugin = RdmaDevicePlugin("rdma-device-plugin", _plugin_args(cfg), opts=in_cluster)
     exports["pluginDaemonSet"] = plugin.daemonset_name
     exports["pluginImage"] = plugin.image
+    if cfg.monitoring != "none":
+        RdmaMonitoring(
+            "rdma-monitoring",
+            MonitoringArgs(
+                mode=cfg.monitoring,
+                namespace=cfg.namespace,
+                pod_labels=plugin.pod_labels,
+                rescan_interval=cfg.plugin_launch.rescan_interval,
+                port_counters=cfg.plugin_launch.port_counters == "on",
+                arms_cluster_id=cluster_id,
+            ),
+            opts=pulumi.ResourceOptions.merge(
+                in_cluster, pulumi.ResourceOptions(depends_on=[plugin])
+            ),
+        )
     rdma_jobs = [
         RdmaJob(
             spec.name,
