@@ -8,7 +8,8 @@ UV_VERSION := 0.13.9
 APT_PACKAGES := python3-venv python3-pyverbs ibverbs-providers rdma-core iproute2
 STAMP := $(VENV)/.synced
 
-.PHONY: help setup render test lint typecheck proto bench test-rdma e2e engine cold-build deploy image clean
+.PHONY: help setup render test lint typecheck proto bench test-rdma e2e engine monitoring cold-build deploy \
+  image clean
 
 help: ## List every target
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -27,8 +28,8 @@ $(STAMP): pyproject.toml uv.lock
 render: setup ## Offline plan + every manifest of a stack: make render STACK=dev (no credentials)
 	$(PY) -m infra.render --stack $(STACK) --out out/$(STACK) $(RENDER_ARGS)
 
-test: setup ## The test suite (unit + integration; rdma/e2e have their own targets)
-	@$(PY) -m pytest -m "not rdma and not e2e and not engine" $(PYTEST_ARGS); rc=$$?; \
+test: setup ## The test suite (unit + integration; rdma/e2e/engine/monitoring have their own targets)
+	@$(PY) -m pytest -m "not rdma and not e2e and not engine and not monitoring" $(PYTEST_ARGS); rc=$$?; \
 	  [ $$rc -ne 5 ] || echo "pytest ran no test: that is a failure here" >&2; exit $$rc
 
 lint: setup ## ruff check + ruff format --check
@@ -59,6 +60,9 @@ e2e: setup ## The plugin against a real kubelet v1.34 + containerd (builds and c
 
 engine: setup ## The real Pulumi engine deploys the local stack onto the e2e cluster (builds and caches both)
 	@tests/engine/run.sh $(PYTEST_ARGS)
+
+monitoring: setup ## The alert pack and dashboard under the real promtool, against the Prometheus Operator's CRDs (builds and caches both)
+	@tests/monitoring/run.sh $(PYTEST_ARGS)
 
 cold-build: ## Every build (VM images, plugin image, Kubernetes programs, Pulumi engine) from empty caches
 	tests/cold-build.sh

@@ -14,7 +14,7 @@ root=${COLD_ROOT:-$(mktemp -d /tmp/lingjun-cold.XXXXXX)}
 mkdir -p "$root"
 export GOMODCACHE=$root/gomod GOCACHE=$root/gobuild UV_CACHE_DIR=$root/uv \
   XDG_CACHE_HOME=$root/xdg LINGJUN_ENGINE_CACHE=$root/engine LINGJUN_E2E_CACHE=$root/e2e \
-  RDMA_VM_CACHE=$root/vm IMAGE_CACHE=$root/containers
+  LINGJUN_MONITORING_CACHE=$root/monitoring RDMA_VM_CACHE=$root/vm IMAGE_CACHE=$root/containers
 t_all=$(date +%s)
 step() {
   local name=$1 t0 && shift
@@ -34,4 +34,5 @@ step vm-forky env RDMA_VM_KERNEL=forky tests/plugin/rdma/vm/build.sh
 step plugin-image env IMAGE=lingjun-rdma-plugin:cold plugin/image.sh
 step k8s tests/e2e/peers.sh
 step engine tests/engine/build.sh
+step monitoring tests/monitoring/build.sh
 echo "cold-build: all builds passed from empty caches in $(($(date +%s) - t_all)) s" >&2

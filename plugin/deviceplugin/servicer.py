@@ -49,6 +49,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.metrics = metrics
         self.streams = streams
         self.resource = view.pool.resource_name
+        # at 0 from the start: a rate over it (the dashboard's) has a series before the first pod
+        metrics.allocations.labels(resource=self.resource).inc(0)
         self._stopping = False
         self._answers: dict[tuple[str, ...], api_pb2.ContainerAllocateResponse] = {}
         self._response = list_and_watch_response(view)

@@ -7,7 +7,8 @@ cd "$(dirname "$0")/../.."
 t0=$(date +%s)
 LINGJUN_E2E_BIN=$(tests/e2e/peers.sh | tail -n1)
 LINGJUN_ENGINE_BIN=$(tests/engine/build.sh | tail -n1)
-export LINGJUN_E2E_BIN LINGJUN_ENGINE_BIN
+LINGJUN_MONITORING=$(tests/monitoring/build.sh | tail -n1)  # the Prometheus Operator's CRDs
+export LINGJUN_E2E_BIN LINGJUN_ENGINE_BIN LINGJUN_MONITORING
 export LINGJUN_E2E_LOGS=out/engine-logs
 t1=$(date +%s)
 echo "engine: peers ready in $(( t1 - t0 )) s; binaries from $LINGJUN_E2E_BIN and $LINGJUN_ENGINE_BIN"

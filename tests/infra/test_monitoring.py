@@ -1,0 +1,112 @@
+"""rdmaMonitoring under Pulumi mocks: what each mode plans, resolved."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from infra.alerts import alerts
+from infra.monitoring import ARMS_DISCOVERY, ARMS_NAMESPACE, GRAFANA_DASHBOARD_LABEL
+from tests.infra.conftest import k8s_object, k8s_objects, of_type, one, run
+from tests.infra.test_config import _error
+
+ARMS_RULE = "alicloud:arms/prometheusAlertRule:PrometheusAlertRule"
+ARMS_MONITOR = "alicloud:arms/prometheusMonitoring:PrometheusMonitoring"
+PLUGIN_LABELS = {"app.kubernetes.io/name": "rdma-device-plugin"}
+
+
+def _monitoring_types(stack: str, *overrides: str) -> set[str]:
+    result = run(stack, *overrides)
+    kinds = {m["kind"] for m in k8s_objects(result, "PodMonitor")}
+    kinds |= {m["kind"] for m in k8s_objects(result, "PrometheusRule")}
+    kinds |= {r.type for r in result.resources if r.type.startswith("alicloud:arms")}
+    return kinds
+
+
+@pytest.mark.parametrize("stack", ["dev", "local"])
+def test_none_by_default_plans_no_monitoring(stack: str) -> None:
+    assert _monitoring_types(stack) == set()
+    assert not [c for c in k8s_objects(run(stack), "ConfigMap") if "dashboard" in str(c)]
+
+
+def test_prometheus_operator_scrapes_the_plugins_pods_with_the_pack_and_a_dashboard() -> None:
+    result = run("local", "rdmaMonitoring=prometheusOperator")
+    monitor = k8s_object(result, "PodMonitor", "rdma-monitoring")
+    rule = k8s_object(result, "PrometheusRule", "rdma-monitoring")
+    board = k8s_object(result, "ConfigMap", "rdma-monitoring-dashboard")
+    daemonset = k8s_object(result, "DaemonSet", "rdma-device-plugin")
+
+    pod = daemonset["spec"]["template"]
+    assert monitor["spec"]["selector"]["matchLabels"] == PLUGIN_LABELS
+    assert PLUGIN_LABELS.items() <= pod["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert monitor["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
+    names = [r["alert"] for r in rule["spec"]["groups"][0]["rules"]]
+    assert names == [a.name for a in alerts("rdma-device-plugin", 5, port_counters=True)]
+    assert GRAFANA_DASHBOARD_LABEL.items() <= board["metadata"]["labels"].items()
+    assert json.loads(board["data"]["lingjun-rdma.json"])["uid"] == "lingjun-rdma"
+    assert not of_type(result, ARMS_RULE)
+
+
+def test_without_port_counters_the_pack_leaves_the_port_alerts_out() -> None:
+    result = run("local", "rdmaMonitoring=prometheusOperator", "rdmaPortCounters=false")
+    rules = k8s_object(result, "PrometheusRule", "rdma-monitoring")["spec"]["groups"][0]["rules"]
+
+    names = {r["alert"] for r in rules}
+    assert "RdmaPluginNotRegistered" in names
+    assert not [n for n in names if n.startswith(("RdmaPort", "RdmaCnp", "RdmaIcrc"))]
+    assert not [r for r in rules if "rdma_port_" in r["expr"]]
+
+
+def test_a_slower_rescan_makes_the_stale_scan_alert_wait_longer() -> None:
+    result = run("local", "rdmaMonitoring=prometheusOperator", "rdmaRescanInterval=600")
+    rules = k8s_object(result, "PrometheusRule", "rdma-monitoring")["spec"]["groups"][0]["rules"]
+
+    (stale,) = [r["expr"] for r in rules if r["alert"] == "RdmaScansFailing"]
+    assert stale.endswith("> 1800")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "cluster_id"),
+    [((), "lingjun-rdma-cluster-ack-id"), (("clusterMode=existing", "clusterId=c123"), "c123")],
+)
+def test_arms_gets_the_podmonitor_and_each_alert_through_its_api(
+    overrides: tuple[str, ...], cluster_id: str
+) -> None:
+    result = run("dev", "rdmaMonitoring=arms", *overrides)
+    monitor = one(result, ARMS_MONITOR).inputs
+    rules = {r.inputs["prometheusAlertRuleName"]: r.inputs for r in of_type(result, ARMS_RULE)}
+
+    assert monitor["clusterId"] == cluster_id
+    assert monitor["type"] == "podMonitor"
+    config = yaml.safe_load(monitor["configYaml"])
+    assert config["metadata"]["namespace"] == ARMS_NAMESPACE
+    assert config["metadata"]["annotations"] == ARMS_DISCOVERY
+    assert config["spec"]["selector"]["matchLabels"] == PLUGIN_LABELS
+    pack = alerts("rdma-device-plugin", 5, port_counters=True)
+    assert set(rules) == {a.name for a in pack}
+    for alert in pack:
+        rule = rules[alert.name]
+        assert rule["clusterId"] == cluster_id
+        assert rule["expression"] == alert.expr
+        assert rule["duration"] == str(max(1, alert.duration))
+        assert rule["labels"] == [{"name": "severity", "value": alert.severity}]
+    assert not k8s_objects(result, "PrometheusRule")
+    assert k8s_object(result, "ConfigMap", "rdma-monitoring-dashboard")
+
+
+def test_arms_on_a_cluster_adopted_by_kubeconfig_is_refused() -> None:
+    message = _error("local", rdmaMonitoring="arms")
+
+    assert "lingjun-rdma:rdmaMonitoring: arms needs an ACK cluster's ID" in message
+    assert "(pulumi config set lingjun-rdma:rdmaMonitoring prometheusOperator)" in message
+
+
+def test_an_unknown_monitoring_is_refused_naming_the_choices() -> None:
+    message = _error(rdmaMonitoring="grafana")
+
+    assert "lingjun-rdma:rdmaMonitoring:" in message
+    assert "'prometheusOperator'" in message

@@ -1,0 +1,53 @@
+"""Every metric the alert pack and the dashboard name (infra/alerts.py) is one the running
+plugin exports: scraped from the plugin process, on a node whose ports have every counter
+file they read."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from infra.alerts import alerts, panels
+from plugin.core.counters import HW_COUNTERS, PORT_COUNTERS
+from tests.plugin.kubelet_peer import KubeletPeer
+from tests.plugin.plugin_process import PluginProcess
+from tests.plugin.sysfs_tree import SysfsTree
+
+# Prometheus's own, not the plugin's: the scrape's health
+SCRAPE = {"up"}
+
+
+def named() -> set[str]:
+    exprs = [a.expr for a in alerts("rdma-device-plugin", 5.0, port_counters=True)]
+    exprs += [e for p in panels(port_counters=True) for e, _ in p.exprs]
+    bare = [re.sub(r"\{[^}]*\}|\[[^]]*\]", "", e) for e in exprs]  # matchers, ranges out
+    names = {n for e in bare for n in re.findall(r"[a-z_:][a-z0-9_:]*", e)}
+    return names - {"rate", "increase", "time", "or"}  # PromQL's own words the pack uses
+
+
+async def test_every_metric_an_alert_or_panel_names_is_exported(
+    kubelet: KubeletPeer, plugin: PluginProcess, tree: SysfsTree
+) -> None:
+    files = {c.metric + "_total": (f, False) for f, c in PORT_COUNTERS.items()}
+    files |= {c.metric + "_total": (f, True) for f, c in HW_COUNTERS.items()}
+    wanted = named() - SCRAPE
+    for metric in wanted & files.keys():  # each counter file the pack reads, as a driver has it
+        name, hw = files[metric]
+        tree.set_counter("mlx5_0", 1, name, "1", hw=hw)
+    config = plugin.write_config("nonHostNetwork: true\n")  # its readiness gauge is named too
+    await plugin.start(config)
+    await kubelet.wait_registrations(1)
+    url = f"http://127.0.0.1:{plugin.metrics_port}/metrics"
+
+    def scrape() -> str:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.read().decode()
+
+    text = await asyncio.to_thread(scrape)
+    exported = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+    assert len(wanted) > 20  # the parse found the pack's names
+    assert wanted - exported == set()
