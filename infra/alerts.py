@@ -47,9 +47,12 @@ class Alert:
         }
 
 
-def alerts(job: str, rescan_interval: float, port_counters: bool) -> list[Alert]:
-    """The alert pack for the plugin's pods (`job`); the port alerts only where the plugin
-    exports its ports' counters (where node_exporter does, its own names apply)."""
+def alerts(
+    job: str, rescan_interval: float, *, port_counters: bool, non_host_network: bool
+) -> list[Alert]:
+    """The alert pack for the plugin's pods (`job`): the port alerts only where the plugin
+    exports its ports' counters (where node_exporter does, its own names apply), the network
+    mode's only where the stack serves pods off the host network."""
     # A scan runs at least every interval (and on every kernel event): three missed, and at
     # least two minutes, is a watcher that stopped.
     stale = max(120, round(3 * rescan_interval))
@@ -99,16 +102,19 @@ def alerts(job: str, rescan_interval: float, port_counters: bool) -> list[Alert]
             "Every HCA of the pool is down or unreadable, or the pool matches none: no pod "
             "asking for it can start there.",
         ),
-        Alert(
-            "RdmaNonHostNetworkNotReady",
-            "rdma_plugin_non_host_network_ready == 0",
-            5,
-            "warning",
-            "Pods off the host network cannot use RDMA on {{ $labels.node }}",
-            "nonHostNetwork is on, but the node lacks an IPv6 RoCE v2 GID or the shared netns "
-            "mode. The Node's Events (reason RdmaNonHostNetworkNotReady) say which.",
-        ),
     ]
+    if non_host_network:
+        plugin.append(
+            Alert(
+                "RdmaNonHostNetworkNotReady",
+                "rdma_plugin_non_host_network_ready == 0",
+                5,
+                "warning",
+                "Pods off the host network cannot use RDMA on {{ $labels.node }}",
+                "nonHostNetwork is on, but the node lacks an IPv6 RoCE v2 GID or the shared netns "
+                "mode. The Node's Events (reason RdmaNonHostNetworkNotReady) say which.",
+            )
+        )
     if not port_counters:
         return plugin
     rate = "[5m]"

@@ -31,6 +31,7 @@ class MonitoringArgs:
     pod_labels: dict[str, str]  # the plugin's pods' labels; the job label is among them
     rescan_interval: float
     port_counters: bool
+    non_host_network: bool
     # arms: the managed Prometheus instance of the ACK cluster (its ID is the cluster's)
     arms_cluster_id: pulumi.Input[str] | None = None
 
@@ -42,7 +43,12 @@ class RdmaMonitoring(pulumi.ComponentResource):
         super().__init__("lingjun:rdma:Monitoring", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         job = args.pod_labels[JOB_LABEL]
-        pack = alerts(job, args.rescan_interval, args.port_counters)
+        pack = alerts(
+            job,
+            args.rescan_interval,
+            port_counters=args.port_counters,
+            non_host_network=args.non_host_network,
+        )
         monitor = pod_monitor(name, args.namespace, args.pod_labels)
         # The dashboard as a ConfigMap in either mode: Grafana's sidecar loads it, and ARMS's
         # Grafana imports its JSON (kubectl get configmap -o jsonpath).

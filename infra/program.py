@@ -64,6 +64,7 @@ def main() -> dict[str, pulumi.Output[Any]]:
                 pod_labels=plugin.pod_labels,
                 rescan_interval=cfg.plugin_launch.rescan_interval,
                 port_counters=cfg.plugin_launch.port_counters == "on",
+                non_host_network=cfg.non_host_network,
                 arms_cluster_id=cluster_id,
             ),
             opts=pulumi.ResourceOptions.merge(

@@ -108,6 +108,9 @@ class CoreSpec:
     log_level: LogLevel = "info"
     # every RDMA port's counters on /metrics ("off" where node_exporter already exports them)
     port_counters: OnOff = "on"
+    # QPs per pod on /metrics, from rdma netlink's resource tracking ("on" needs the host's pid
+    # namespace: the DaemonSet's hostPID)
+    pod_qps: OnOff = "off"
     # the API server: None, the pod's service account (the device plugin: none outside a pod,
     # and its problems are then in its log only, not Events on the Node)
     kubeconfig: Path | None = None
@@ -227,6 +230,7 @@ _HELP = {
     "kubeconfig": "API server credentials (default: the pod's service account)",
     "node_name": f"this node's name (default: ${NODE_NAME_ENV})",
     "port_counters": "every RDMA port's counters and hw_counters on /metrics",
+    "pod_qps": "queue pairs per pod on /metrics (needs the host's pid namespace)",
     "cdi_dir": "where the container runtime reads CDI specs (device plugin: unset, device "
     "nodes in Allocate's answer; set, CDI devices)",
 }
@@ -234,6 +238,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "discovery": get_args(DiscoveryKind),
     "log_level": get_args(LogLevel),
     "port_counters": get_args(OnOff),
+    "pod_qps": get_args(OnOff),
 }
 
 

@@ -100,7 +100,7 @@ def test_up_creates_the_monitoring_objects_that_select_the_running_plugin(
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     (port,) = [p for p in pod["spec"]["containers"][0]["ports"] if p["name"] == endpoint["port"]]
     names = [r["alert"] for r in rule["spec"]["groups"][0]["rules"]]
-    assert names == [a.name for a in alerts(PLUGIN, 5, port_counters=True)]
+    assert names == [a.name for a in alerts(PLUGIN, 5, port_counters=True, non_host_network=False)]
     assert json.loads(board["data"]["lingjun-rdma.json"])["panels"]
 
     # what that PodMonitor scrapes: the running pod's /metrics carries each plugin metric the

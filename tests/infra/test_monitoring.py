@@ -45,7 +45,9 @@ def test_prometheus_operator_scrapes_the_plugins_pods_with_the_pack_and_a_dashbo
     assert endpoint["port"] in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
     assert monitor["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
     names = [r["alert"] for r in rule["spec"]["groups"][0]["rules"]]
-    assert names == [a.name for a in alerts("rdma-device-plugin", 5, port_counters=True)]
+    assert names == [
+        a.name for a in alerts("rdma-device-plugin", 5, port_counters=True, non_host_network=False)
+    ]
     assert GRAFANA_DASHBOARD_LABEL.items() <= board["metadata"]["labels"].items()
     assert json.loads(board["data"]["lingjun-rdma.json"])["uid"] == "lingjun-rdma"
     assert not of_type(result, ARMS_RULE)
@@ -86,7 +88,7 @@ def test_arms_gets_the_podmonitor_and_each_alert_through_its_api(
     assert config["metadata"]["namespace"] == ARMS_NAMESPACE
     assert config["metadata"]["annotations"] == ARMS_DISCOVERY
     assert config["spec"]["selector"]["matchLabels"] == PLUGIN_LABELS
-    pack = alerts("rdma-device-plugin", 5, port_counters=True)
+    pack = alerts("rdma-device-plugin", 5, port_counters=True, non_host_network=False)
     assert set(rules) == {a.name for a in pack}
     for alert in pack:
         rule = rules[alert.name]
@@ -110,3 +112,13 @@ def test_an_unknown_monitoring_is_refused_naming_the_choices() -> None:
 
     assert "lingjun-rdma:rdmaMonitoring:" in message
     assert "'prometheusOperator'" in message
+
+
+def test_the_network_mode_alert_is_in_the_pack_of_a_stack_that_serves_it_only() -> None:
+    def names(stack: str) -> set[str]:
+        result = run(stack, "rdmaMonitoring=prometheusOperator")
+        rule = k8s_object(result, "PrometheusRule", "rdma-monitoring")
+        return {r["alert"] for r in rule["spec"]["groups"][0]["rules"]}
+
+    assert "RdmaNonHostNetworkNotReady" in names("staging")  # nonHostNetwork: true
+    assert "RdmaNonHostNetworkNotReady" not in names("dev")

@@ -48,7 +48,7 @@ def promtool(built: Path, *args: str, cwd: Path) -> str:
 
 @pytest.mark.parametrize("port_counters", [True, False])
 def test_promtool_checks_the_rule_file(built: Path, tmp_path: Path, port_counters: bool) -> None:
-    pack = alerts(JOB, INTERVAL, port_counters)
+    pack = alerts(JOB, INTERVAL, port_counters=port_counters, non_host_network=True)
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups(pack)))
 
     said = promtool(built, "check", "rules", "rules.yaml", cwd=tmp_path)
@@ -101,13 +101,15 @@ def _labels(case: Case, severity: str) -> dict[str, str]:
 
 
 def test_every_alert_has_a_case() -> None:
-    assert {a.name for a in alerts(JOB, INTERVAL, port_counters=True)} == set(CASES)
+    assert {
+        a.name for a in alerts(JOB, INTERVAL, port_counters=True, non_host_network=True)
+    } == set(CASES)
 
 
 def test_each_alert_fires_on_its_bad_series_and_not_on_the_healthy_one(
     built: Path, tmp_path: Path
 ) -> None:
-    pack = alerts(JOB, INTERVAL, port_counters=True)
+    pack = alerts(JOB, INTERVAL, port_counters=True, non_host_network=True)
     # The firing logic alone: the annotations' templates are checked by `check rules`.
     bare = [{k: v for k, v in a.rule().items() if k != "annotations"} for a in pack]
     (tmp_path / "rules.yaml").write_text(
@@ -173,7 +175,7 @@ def test_the_monitoring_objects_are_valid_under_the_operators_crds(built: Path) 
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {"name": "rdma-monitoring", "namespace": "lingjun-rdma"},
-        "spec": rule_groups(alerts(JOB, INTERVAL, port_counters=True)),
+        "spec": rule_groups(alerts(JOB, INTERVAL, port_counters=True, non_host_network=True)),
     }
     # Draft 7 as is: the CRDs' patterns are Go's (RE2), which the metaschema check would refuse
     for obj, plural in ((monitor, "podmonitors"), (rule, "prometheusrules")):

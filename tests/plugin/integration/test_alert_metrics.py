@@ -21,7 +21,9 @@ SCRAPE = {"up"}
 
 
 def named() -> set[str]:
-    exprs = [a.expr for a in alerts("rdma-device-plugin", 5.0, port_counters=True)]
+    exprs = [
+        a.expr for a in alerts("rdma-device-plugin", 5.0, port_counters=True, non_host_network=True)
+    ]
     exprs += [e for p in panels(port_counters=True) for e, _ in p.exprs]
     bare = [re.sub(r"\{[^}]*\}|\[[^]]*\]", "", e) for e in exprs]  # matchers, ranges out
     names = {n for e in bare for n in re.findall(r"[a-z_:][a-z0-9_:]*", e)}
