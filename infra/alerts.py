@@ -16,6 +16,9 @@ JOB_LABEL = "app.kubernetes.io/name"
 # is the node's IP, which an operator does not read at a glance).
 NODE = "node"
 SCRAPE_INTERVAL = "30s"
+# kube-state-metrics' series of each pod (its namespace, name and uid), which the QPs per pod
+# join for names: the plugin labels them by UID alone and reads no pod from the API.
+KUBE_POD_INFO = "kube_pod_info"
 PART_OF = {"app.kubernetes.io/part-of": "lingjun-rdma"}
 
 # Thresholds, per port. Sustained rates, not single events: a fabric has bursts. Tune them to
@@ -245,7 +248,7 @@ _PORT = '{node=~"$node"}'
 _RATE = "[$__rate_interval]"
 
 
-def panels(port_counters: bool) -> list[Panel]:
+def panels(*, port_counters: bool, pod_qps: bool) -> list[Panel]:
     plugin = [
         Panel(
             "Registered with the kubelet",
@@ -269,6 +272,20 @@ def panels(port_counters: bool) -> list[Panel]:
         ),
         Panel("Problems", "none", (("rdma_plugin_problems" + _PORT, "{{node}}"),)),
     ]
+    if pod_qps:  # the pod's namespace and name from kube-state-metrics, by the pod's UID
+        plugin.append(
+            Panel(
+                "Queue pairs per pod",
+                "none",
+                (
+                    (
+                        "sum by (namespace, pod, hca) (rdma_pod_qps" + _PORT
+                        + " * on (uid) group_left (namespace, pod) " + KUBE_POD_INFO + ")",
+                        "{{namespace}}/{{pod}} {{hca}}",
+                    ),
+                ),
+            )
+        )  # fmt: skip
     if not port_counters:
         return plugin
     port = "{{node}} {{hca}}/{{port}}"
@@ -317,7 +334,7 @@ def panels(port_counters: bool) -> list[Panel]:
     ]
 
 
-def dashboard(port_counters: bool) -> str:
+def dashboard(*, port_counters: bool, pod_qps: bool) -> str:
     """A Grafana dashboard (JSON model) of the panels, a node picker on top."""
     width, height = 12, 8
     body: list[dict[str, Any]] = [
@@ -333,7 +350,7 @@ def dashboard(port_counters: bool) -> str:
                 for j, (expr, legend) in enumerate(p.exprs)
             ],
         }
-        for i, p in enumerate(panels(port_counters))
+        for i, p in enumerate(panels(port_counters=port_counters, pod_qps=pod_qps))
     ]
     return json.dumps(
         {

@@ -391,6 +391,9 @@ def _daemonset_spec(
         # The health watcher follows the host's RDMA netdevs over netlink; those links exist only
         # in the host's network namespace.
         host_network=True,
+        # restrack lists each QP with its creator's pid in the caller's pid namespace: only the
+        # host's sees the QPs of every pod (and /proc/<pid>/cgroup names their pods)
+        host_pid=launch.pod_qps == "on",
         dns_policy="ClusterFirstWithHostNet",
         priority_class_name="system-node-critical",
         service_account_name=service_account,

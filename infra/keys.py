@@ -101,6 +101,7 @@ class Keys(BaseModel):
     rdma_api: Literal["devicePlugin", "dra"]
     rdma_rescan_interval: Whole
     rdma_port_counters: Flag
+    rdma_pod_qps: Flag
     rdma_monitoring: Monitoring
     namespace: str
     plugin_image: str | None = None

@@ -32,6 +32,7 @@ class MonitoringArgs:
     rescan_interval: float
     port_counters: bool
     non_host_network: bool
+    pod_qps: bool
     # arms: the managed Prometheus instance of the ACK cluster (its ID is the cluster's)
     arms_cluster_id: pulumi.Input[str] | None = None
 
@@ -59,7 +60,11 @@ class RdmaMonitoring(pulumi.ComponentResource):
                 namespace=args.namespace,
                 labels={**PART_OF, **GRAFANA_DASHBOARD_LABEL},
             ),
-            data={"lingjun-rdma.json": dashboard(args.port_counters)},
+            data={
+                "lingjun-rdma.json": dashboard(
+                    port_counters=args.port_counters, pod_qps=args.pod_qps
+                )
+            },
             opts=child,
         )
         if args.mode == "prometheusOperator":

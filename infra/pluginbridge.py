@@ -79,6 +79,7 @@ def plugin_launch(k: Keys) -> tuple[LaunchSpec | DraLaunchSpec | None, list[str]
             discovery="sysfs",
             rescan_interval=k.rdma_rescan_interval,
             port_counters="on" if k.rdma_port_counters else "off",
+            pod_qps="on" if k.rdma_pod_qps else "off",
         )
     except LaunchError:
         key = "rdmaRescanInterval"

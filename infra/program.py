@@ -65,6 +65,7 @@ def main() -> dict[str, pulumi.Output[Any]]:
                 rescan_interval=cfg.plugin_launch.rescan_interval,
                 port_counters=cfg.plugin_launch.port_counters == "on",
                 non_host_network=cfg.non_host_network,
+                pod_qps=cfg.plugin_launch.pod_qps == "on",
                 arms_cluster_id=cluster_id,
             ),
             opts=pulumi.ResourceOptions.merge(

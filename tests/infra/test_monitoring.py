@@ -122,3 +122,13 @@ def test_the_network_mode_alert_is_in_the_pack_of_a_stack_that_serves_it_only() 
 
     assert "RdmaNonHostNetworkNotReady" in names("staging")  # nonHostNetwork: true
     assert "RdmaNonHostNetworkNotReady" not in names("dev")
+
+
+def test_the_qps_per_pod_panel_is_on_the_dashboard_of_a_stack_that_exports_them() -> None:
+    def titles(*overrides: str) -> list[str]:
+        result = run("local", "rdmaMonitoring=prometheusOperator", *overrides)
+        board = k8s_object(result, "ConfigMap", "rdma-monitoring-dashboard")
+        return [p["title"] for p in json.loads(board["data"]["lingjun-rdma.json"])["panels"]]
+
+    assert "Queue pairs per pod" in titles("rdmaPodQps=true")
+    assert "Queue pairs per pod" not in titles()

@@ -592,3 +592,15 @@ def test_an_acr_instance_without_an_internet_endpoint_is_a_config_error() -> Non
     with pytest.raises(StackConfigError, match=r"acrInstanceId: 'cri-x': no ACR Enterprise"):
         registry_endpoint("cri-x", [])
     assert registry_endpoint("cri-x", ["a.cr.aliyuncs.com", "b"]) == "a.cr.aliyuncs.com"
+
+
+def test_pod_qps_runs_the_plugin_in_the_hosts_pid_namespace_only_when_asked() -> None:
+    off = _daemonset(run("local"))["spec"]["template"]["spec"]
+    on = _daemonset(run("local", "rdmaPodQps=true"))["spec"]["template"]["spec"]
+
+    assert "hostPID" not in off or off["hostPID"] is False
+    assert "--pod-qps" in off["containers"][0]["command"]
+    assert on["hostPID"] is True
+    command = on["containers"][0]["command"]
+    assert command[command.index("--pod-qps") + 1] == "on"
+    assert on["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}

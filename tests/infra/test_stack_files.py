@@ -48,6 +48,7 @@ def test_rdma_defaults_in_pulumi_yaml_are_the_plugins() -> None:
     assert config["rdmaMaxAllocations"]["default"] == DEFAULT_MAX_ALLOCATIONS
     assert config["rdmaRescanInterval"]["default"] == LaunchSpec().rescan_interval
     assert config["rdmaPortCounters"]["default"] is (LaunchSpec().port_counters == "on")
+    assert config["rdmaPodQps"]["default"] is (LaunchSpec().pod_qps == "on")
 
 
 def test_a_key_without_default_is_required_on_every_stack_that_omits_it() -> None:

@@ -145,7 +145,7 @@ def test_each_alert_fires_on_its_bad_series_and_not_on_the_healthy_one(
 
 def test_every_dashboard_expression_parses(built: Path, tmp_path: Path) -> None:
     """Each panel's query as a recording rule, Grafana's variables given values."""
-    exprs = [expr for p in panels(port_counters=True) for expr, _ in p.exprs]
+    exprs = [expr for p in panels(port_counters=True, pod_qps=True) for expr, _ in p.exprs]
     rules = [
         {
             "record": f"panel_{i}",
@@ -160,7 +160,7 @@ def test_every_dashboard_expression_parses(built: Path, tmp_path: Path) -> None:
     said = promtool(built, "check", "rules", "rules.yaml", cwd=tmp_path)
 
     assert f"SUCCESS: {len(rules)} rules found" in said
-    assert dashboard(port_counters=True).count('"expr"') == len(exprs)
+    assert dashboard(port_counters=True, pod_qps=True).count('"expr"') == len(exprs)
 
 
 def _crd_schema(built: Path, plural: str) -> dict[str, Any]:
