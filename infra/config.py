@@ -341,8 +341,8 @@ def _cluster(k: Keys) -> tuple[Cluster | None, list[str]]:
     ]
     if not 0 <= k.lingjun_node_count <= MAX_NODE_COUNT:
         problems.append(
-            f"{_key('lingjunNodeCount')}: {k.lingjun_node_count} is not 0..{MAX_NODE_COUNT} "
-            f"(the nodes of one node pool) {_set('lingjunNodeCount', '2')}"
+            f"{_key('lingjunNodeCount')}: {_number(k.lingjun_node_count)} is not "
+            f"0..{MAX_NODE_COUNT} (the nodes of one node pool) {_set('lingjunNodeCount', '2')}"
         )
     if group is None or network is None or problems:
         return None, problems
@@ -354,6 +354,13 @@ def _cluster(k: Keys) -> tuple[Cluster | None, list[str]]:
         compute_network_ipv6=k.compute_network_ipv6,
     )
     return cluster, []
+
+
+def _number(value: int) -> str:
+    """A refused number, quoted while short enough to read (a slip of the keyboard), else
+    described."""
+    text = str(value)
+    return text if len(text) <= 12 else f"a number of {len(text.lstrip('-'))} digits"
 
 
 def _lingjun_group(k: Keys) -> tuple[NewLingjunGroup | AdoptedLingjunGroup | None, list[str]]:
@@ -381,6 +388,13 @@ def _lingjun_group(k: Keys) -> tuple[NewLingjunGroup | AdoptedLingjunGroup | Non
     ]
 
 
+_CIDR_EXAMPLES = {
+    "vpcCidr": "192.168.0.0/16",
+    "serviceCidr": "172.16.0.0/16",
+    "vswitchCidrs": LIST_KEYS["vswitchCidrs"],
+}
+
+
 def _network(k: Keys) -> tuple[NetworkPlan | None, list[str]]:
     problems: list[str] = []
     nets: dict[str, ipaddress.IPv4Network] = {}
@@ -389,13 +403,17 @@ def _network(k: Keys) -> tuple[NetworkPlan | None, list[str]]:
         ("serviceCidr", k.service_cidr),
         *((f"vswitchCidrs[{i}]", v) for i, v in enumerate(k.vswitch_cidrs)),
     ):
+        base = key.split("[")[0]
         try:
             nets[key] = ipaddress.IPv4Network(value)
-        except ValueError:
-            base = key.split("[")[0]
-            problems.append(
-                f"{_key(key)}: not an IPv4 CIDR (got {described(value)}) {_set(base, '…')}"
-            )
+        except ValueError as exc:
+            example = _CIDR_EXAMPLES[base]
+            why = f"not an IPv4 CIDR like {example} (got {described(value)})"
+            if "host bits set" in str(exc):  # an address in a network: name that network
+                example = str(ipaddress.IPv4Network(value, strict=False))
+                why = f"{value} has bits set past its prefix: the network is {example}"
+            fix = _set_items(base) if base in LIST_KEYS else _set(base, example)
+            problems.append(f"{_key(key)}: {why} {fix}")
     if problems:
         return None, problems
     if not k.vswitch_cidrs:

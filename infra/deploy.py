@@ -176,6 +176,11 @@ def pulumi_cli() -> auto.PulumiCommand:
         raise DeployError(
             f"{found}: `pulumi version` exited with {exc.returncode}: {INSTALL}"
         ) from None
+    except UnicodeDecodeError:  # the Automation API reads the version as UTF-8 text
+        raise DeployError(
+            f"{found}: `pulumi version` printed bytes that are not text, not a version: "
+            f"{INSTALL}"
+        ) from None
     except FileNotFoundError:  # the file is there: what its #! line names is not
         raise DeployError(
             f"{found}: cannot be run: the interpreter its first line (#!) names is missing: "

@@ -188,5 +188,14 @@ def describe(error: Any) -> str:
     item = "".join(f"[{i}]" for i in loc[1:] if isinstance(i, int))  # sampleJobs[1]
     if error["type"] == "missing":
         return f"{qualified(key)}: required: set it {config_set(key, '<value>')}"
-    message = str(error["msg"]).removeprefix("Value error, ")  # our own validators' words
-    return f"{qualified(key)}{item}: {message} {config_set(key, '<value>')}"
+    message = _PLAIN.get(error["type"], str(error["msg"]).removeprefix("Value error, "))
+    fix = config_set_items(key) if key in LIST_KEYS else config_set(key, "<value>")
+    return f"{qualified(key)}{item}: {message} {fix}"
+
+
+# pydantic's words for a wrong type, as a stack's author reads them
+_PLAIN = {
+    "string_type": "must be text",
+    "tuple_type": "must be a list of text",
+    "list_type": "must be a list of text",
+}

@@ -14,6 +14,7 @@ if __name__ == "__main__":  # before the imports below, which are most of a shor
 
     exit_quietly("render")
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -137,7 +138,7 @@ def check_out(out: Path) -> None:
     """`out` must be new, empty, or hold only what a render wrote, unchanged (its MARKER lists
     each file with its size and digest): render replaces it as a whole, and must never delete
     what it did not write."""
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
+    if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out}: not a directory: name a new or empty directory")
     above = out.parent
     while not above.exists() and above != above.parent:
@@ -197,6 +198,11 @@ def _digest(path: Path) -> list[object] | None:
 def render(stack: str, out: Path, overrides: list[str] | None = None) -> list[Path]:
     """Render the stack into `out` (replaced as a whole, only on success); returns the files."""
     try:
+        if out.is_symlink() and not out.exists():  # resolving it would render somewhere else
+            raise OutputError(
+                f"--out {out}: a symbolic link to nothing: name a directory, or make the one "
+                "it points to first"
+            )
         out = out.resolve()
         check_out(out)
     except OSError as exc:  # a name too long, a dir that cannot be entered, a cwd gone
@@ -231,9 +237,7 @@ def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any
     are deleted: returns where it stays when anything else appeared in it meanwhile."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".render-", dir=out.parent))  # short: any --out fits
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # a directory like mkdir's, not mkdtemp's private one
+    _like(staging, out)
     old = staging.with_name(staging.name + ".old")
     try:
         names = [file_name(m) for m in objects]
@@ -265,6 +269,23 @@ def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # ours alone: made by mkdtemp above
     return _remove_render(old)
+
+
+def _like(staging: Path, out: Path) -> None:
+    """The directory that replaces `out` keeps its owner, group and mode (a shared group's
+    setgid dir stays one); a new one is like mkdir's, not mkdtemp's private one."""
+    try:
+        kept = out.stat()
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)
+        return
+    # before chmod: chown clears setgid. Not root: a directory cannot be given away; its
+    # mode is still kept.
+    with contextlib.suppress(PermissionError):
+        os.chown(staging, kept.st_uid, kept.st_gid)
+    staging.chmod(stat.S_IMODE(kept.st_mode))
 
 
 def _write_in_place(out: Path, texts: dict[str, str]) -> Path | None:

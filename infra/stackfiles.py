@@ -73,6 +73,14 @@ def stack_config(
             f"Pulumi.yaml: declares {', '.join(extra[:3])}, which the program does not read: "
             "remove it from Pulumi.yaml, or give it a field in infra/keys.py"
         )
+    undeclared = sorted(set(KNOWN_KEYS) - set(declared))
+    if undeclared:  # a damaged project file: every key would be "required" otherwise
+        what = (
+            "no config section (the project's keys, their types and defaults)"
+            if not declared
+            else f"declares no {', '.join(undeclared[:3])}{', …' if len(undeclared) > 3 else ''}"
+        )
+        raise StackFileError(f"Pulumi.yaml: {what}: restore it (git checkout Pulumi.yaml)")
     values = _config_section(stack_file, project=False)
     config: dict[str, str] = {}
     secret_keys: list[str] = []

@@ -86,21 +86,25 @@ def shared_device_id(pool_name: str, index: int) -> str:
 def check_resource_name(resource_name: str) -> None:
     """Refuse a resource name the kubelet's Register would refuse (field `name`)."""
     prefix, sep, name = resource_name.partition("/")
-    fix = "use <domain>/<name>, e.g. rdma/hca"
-    if not sep or not prefix or not name:
-        why = "not <prefix>/<name>"
-    elif len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix):
-        raise ConfigError("its prefix is not a DNS subdomain", field="prefix", fix=fix)
-    elif prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
-        raise ConfigError("the kubernetes.io domain is reserved", field="prefix", fix=fix)
-    elif len(name) > 63 or not _NAME_PART.fullmatch(name):
-        why = (
-            "its name must be 1-63 letters, digits, '-', '_' or '.', starting and "
-            "ending alphanumeric"
+    if not sep:  # a Pool always has both parts: only a whole name given as one can lack them
+        raise ConfigError("not <prefix>/<name>", field="name", fix="e.g. rdma/hca")
+    if len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix):
+        raise ConfigError(
+            "its prefix is not a DNS subdomain", field="prefix", fix="e.g. rdma, as in rdma/hca"
         )
-    else:
-        return
-    raise ConfigError(why, field="name", fix=fix)
+    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
+        raise ConfigError(
+            "the kubernetes.io domain is reserved",
+            field="prefix",
+            fix="a domain of your own, e.g. rdma, as in rdma/hca",
+        )
+    if len(name) > 63 or not _NAME_PART.fullmatch(name):
+        raise ConfigError(
+            "its name must be 1-63 letters, digits, '-', '_' or '.', starting and ending "
+            "alphanumeric",
+            field="name",
+            fix="e.g. hca, as in rdma/hca",
+        )
 
 
 @dataclass(frozen=True)
@@ -257,6 +261,11 @@ def load_config(path: Path, *, explicit: bool) -> PluginConfig:
         data = parse_yaml(text)
     except ParseError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc})", fix="fix the syntax") from None
+    if data is None:  # a ConfigMap key left empty, a file truncated: not a wish for defaults
+        raise ConfigError(
+            f"{path}: holds no config (empty, or comments only)",
+            fix="write at least `version: v1` for the defaults, or omit --config",
+        )
     return parse_config(data, str(path))
 
 
@@ -294,7 +303,10 @@ class _Reader:
                 self._fail((*loc, key), "unknown key", f"the file spells it {_camel(key)}")
             else:
                 where, fix = unknown_key(key, names)
-                self._fail((*loc, where), "unknown key", fix, remove=True)
+                if where == key:  # a misspelling of a known key: named
+                    self._fail((*loc, key), "unknown key", fix, remove=True)
+                else:  # described where it is, not as if it were a place
+                    self._fail(loc, f"{where}: unknown key", fix, remove=True)
         return read
 
     def _build(self, loc: Loc, make: Callable[[], _T]) -> _T | None:

@@ -10,13 +10,14 @@ import argparse
 import dataclasses
 import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal, TypeVar, get_args
 
 from plugin.core.terminal import Parser
-from plugin.core.userfiles import decimal, described
+from plugin.core.userfiles import decimal, described, file_kind
 
 # The programs, each run as `python -m MODULE`.
 DEVICE_PLUGIN_MODULE = "plugin.deviceplugin"
@@ -249,6 +250,19 @@ def _path(text: str) -> Path:
     return Path(os.path.abspath(text))
 
 
+def _dir(text: str) -> Path:
+    """A directory flag: one that may not exist yet (it is waited for, or made), but never a
+    file (it would be read, or written into, as if it were a directory)."""
+    path = _path(text)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return path
+    if not stat.S_ISDIR(mode):
+        raise argparse.ArgumentTypeError(f"is {file_kind(mode)}, not a directory: name a directory")
+    return path
+
+
 S = TypeVar("S", bound=CoreSpec)
 
 
@@ -264,7 +278,13 @@ def parse(
     for f in fields(spec_type):
         default = getattr(defaults, f.name)
         kind: Callable[[str], object] = (
-            float if isinstance(default, float) else str if isinstance(default, str) else _path
+            float
+            if isinstance(default, float)
+            else str
+            if isinstance(default, str)
+            else _dir
+            if f.name.endswith(("_dir", "_root"))
+            else _path
         )
         parser.add_argument(
             _flag(f.name),

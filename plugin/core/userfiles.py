@@ -335,6 +335,8 @@ def unknown_key(key: object, known: Iterable[str]) -> tuple[str, str]:
     typed where a key goes may be a value, a secret among them."""
     if isinstance(key, str):
         close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
+        # a known key's start (maxAlloc) is a key cut short, not a value
+        close += [k for k in sorted(known) if len(key) >= 4 and k.startswith(key)]
         if close:
             return key, f"did you mean {close[0]}?"
     return f"a key that is {described(key)}", "remove it or fix its spelling"

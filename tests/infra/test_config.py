@@ -78,7 +78,10 @@ def test_unknown_sample_job_is_refused() -> None:
 def test_cidr_that_does_not_parse_is_refused() -> None:
     message = _error(vpcCidr="192.168.0.0/33")
 
-    assert "lingjun-rdma:vpcCidr: not an IPv4 CIDR (got text of 14 characters)" in message
+    assert (
+        "lingjun-rdma:vpcCidr: not an IPv4 CIDR like 192.168.0.0/16 (got text of 14 characters) "
+        "(pulumi config set lingjun-rdma:vpcCidr 192.168.0.0/16)"
+    ) in message
 
 
 def test_overlapping_vswitch_cidrs_are_refused() -> None:

@@ -171,7 +171,8 @@ LOW, HIGH = RESCAN_INTERVAL_RANGE
         ("jobAwaitTimeout", "0s", "not within 1s..168h"),
         ("jobAwaitTimeout", "169h", "not within 1s..168h"),
         ("pluginAwaitTimeout", "25h", "not within 1s..24h"),
-        ("lingjunNodeCount", "1001", "is not 0..1000"),
+        ("lingjunNodeCount", "1001", "1001 is not 0..1000"),
+        ("lingjunNodeCount", "9" * 400, "a number of 400 digits is not 0..1000"),
         ("rdmaMaxAllocations", "100001", "is not within 1-100000"),
         ("rdmaMaxAllocations", "9" * 5000, "rdmaMaxAllocations"),
     ],
@@ -187,7 +188,7 @@ def test_a_number_outside_its_range_is_refused_in_one_line_before_planning(
     assert "Traceback" not in done.stderr
     (line,) = [ln for ln in done.stderr.splitlines() if f"lingjun-rdma:{key}:" in ln]
     assert said in line
-    assert len(line) < 400  # the value is not echoed at length
+    assert len(line) < 300  # the value is not echoed at length
     assert not (tmp_path / "out").exists()
 
 
@@ -240,14 +241,16 @@ def _fake_pulumi(directory: Path, script: str) -> str:
          "Minimum version requirement failed"),
         (lambda d: _fake_pulumi(d, "#!/bin/sh\nexit 3\n"), (), "`pulumi version` exited with 3"),
         (lambda d: _fake_pulumi(d, "not a program"), (), "cannot be run ("),
+        (lambda d: _fake_pulumi(d, "#!/bin/sh\nprintf 'v3.2\\377\\n'\n"), (),
+         "`pulumi version` printed bytes that are not text, not a version"),
         (lambda d: _fake_pulumi(d, "#!/nonexistent/sh\necho v3.277.0\n"), (),
          "cannot be run: the interpreter its first line (#!) names is missing"),
         (lambda d: None, ("--project-dir", "/nonexistent"),
          "deploy: --project-dir /nonexistent: no Pulumi.yaml there"),
         (lambda d: None, ("--stack", "nope"), "deploy: --stack nope: no "),
     ],
-    ids=["no-cli", "too-old", "broken", "not-a-program", "no-interpreter", "no-project",
-         "no-stack"],
+    ids=["no-cli", "too-old", "broken", "not-a-program", "not-utf8", "no-interpreter",
+         "no-project", "no-stack"],
 )  # fmt: skip
 def test_deploy_that_cannot_start_says_why_in_one_line(
     tmp_path: Path, setup: object, args: tuple[str, ...], said: str
@@ -1045,3 +1048,79 @@ def test_after_the_work_a_stop_signal_is_ignored_not_left_to_finalization(tmp_pa
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "0"]  # SIGTERM (bit 14): ignored, not caught
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        (
+            "vpcCidr=192.168.1.0/16",
+            "lingjun-rdma:vpcCidr: 192.168.1.0/16 has bits set past its prefix: the network is "
+            "192.168.0.0/16 (pulumi config set lingjun-rdma:vpcCidr 192.168.0.0/16)",
+        ),
+        (
+            'vswitchCidrs=["10.0.0.0/33"]',
+            "lingjun-rdma:vswitchCidrs[0]: not an IPv4 CIDR like 192.168.0.0/20 (got text of 11 "
+            "characters) (pulumi config set --path 'lingjun-rdma:vswitchCidrs[0]' 192.168.0.0/20",
+        ),
+        (
+            "zoneIds=[1]",
+            "lingjun-rdma:zoneIds[0]: must be text (pulumi config set --path "
+            "'lingjun-rdma:zoneIds[0]' cn-wulanchabu-c, then [1], ...;",
+        ),
+        (
+            'zoneIds={"a": 1}',
+            "lingjun-rdma:zoneIds: must be a list of text (pulumi config set --path",
+        ),
+    ],
+    ids=["host-bits", "list-item-cidr", "list-item-type", "list-shape"],
+)
+def test_a_list_or_cidr_key_refused_gets_the_fix_the_cli_takes(
+    tmp_path: Path, setting: str, said: str
+) -> None:
+    done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--set={setting}", cwd=tmp_path)
+
+    assert done.returncode == 1, done.stderr
+    assert said in done.stderr
+    assert "Input should be" not in done.stderr  # pydantic's words, not the user's
+
+
+def test_an_out_that_is_a_link_to_nothing_is_refused_and_nothing_made_there(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "out").symlink_to(tmp_path / "elsewhere")
+
+    done = _cli("infra.render", "--stack", "dev", "--out", "out", cwd=tmp_path)
+
+    assert done.returncode == 2, done.stderr
+    assert "a symbolic link to nothing" in done.stderr
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_an_existing_empty_out_keeps_its_owner_group_and_mode(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chown(out, 1234, 1234)  # the tests run as root, as CI does
+    out.chmod(0o2770)  # a shared group's directory
+
+    done = _cli("infra.render", "--stack", "dev", "--out", "out", cwd=tmp_path)
+
+    assert done.returncode == 0, done.stderr
+    kept = out.stat()
+    assert (kept.st_uid, kept.st_gid, stat.S_IMODE(kept.st_mode)) == (1234, 1234, 0o2770)
+    assert {p.stat().st_gid for p in out.iterdir()} == {1234}  # its files join its group
+
+
+@pytest.mark.parametrize("config", ["", "config: []\n"], ids=["none", "a-list"])
+def test_a_pulumi_yaml_without_its_config_section_says_so_once(tmp_path: Path, config: str) -> None:
+    project = _project_copy(tmp_path, "config: {}\n")
+    text = (PROJECT_DIR / "Pulumi.yaml").read_text()
+    (project / "Pulumi.yaml").write_text(text[: text.index("config:")] + config)
+
+    with pytest.raises(StackFileError) as caught:
+        stack_config("x", project_dir=project)
+
+    assert str(caught.value) == (
+        "Pulumi.yaml: no config section (the project's keys, their types and defaults): "
+        "restore it (git checkout Pulumi.yaml)"
+    )

@@ -216,3 +216,43 @@ def test_help_to_a_full_stdout_is_one_line(module: str) -> None:
     assert done.returncode == 1
     (line,) = done.stderr.splitlines()
     assert line.endswith("cannot write the help to stdout (No space left on device)")
+
+
+@pytest.mark.parametrize("flag", ["--sysfs-root", "--dev-root", "--device-plugin-dir", "--cdi-dir"])
+async def test_a_directory_flag_naming_a_file_is_refused_at_start(
+    plugin: PluginProcess, short_tmp: Path, flag: str
+) -> None:
+    afile = short_tmp / "a-file"
+    afile.write_text("x")
+
+    output = await _refused(plugin, None, f"{flag}={afile}")
+
+    assert f"argument {flag}: is a regular file, not a directory: name a directory" in output
+
+
+@pytest.mark.parametrize(
+    "text", ["", "\n", "# only a comment\n"], ids=["empty", "blank", "comment"]
+)
+async def test_a_config_that_holds_nothing_is_refused_not_taken_for_defaults(
+    plugin: PluginProcess, text: str
+) -> None:
+    output = await _refused(plugin, plugin.write_config(text))
+
+    assert "holds no config (empty, or comments only): write at least `version: v1`" in output
+
+
+@pytest.mark.parametrize(
+    ("pool", "said"),
+    [
+        ("maxAlloc: 5", "pools[0].maxAlloc: unknown key: did you mean maxAllocations?"),
+        ("zqxjwvkp: 5", "pools[0]: a key that is text of 8 characters: unknown key: remove it"),
+    ],
+    ids=["cut-short", "unlike-any"],
+)
+async def test_an_unknown_pool_key_is_named_when_it_is_a_known_ones_misspelling(
+    plugin: PluginProcess, pool: str, said: str
+) -> None:
+    output = await _refused(plugin, plugin.write_config(f"pools:\n- name: hca\n  {pool}\n"))
+
+    assert said in output
+    assert "zqxjwvkp" not in output

@@ -65,7 +65,8 @@ class Holder:
         self.qpns = {int(n) for n in line[1:]}
 
     def close(self) -> None:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
         self.proc.stdin.close()
         self.proc.wait(30)
         self.proc.stdout.close()

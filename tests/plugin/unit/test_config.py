@@ -59,9 +59,13 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
         ),
         (
             {"pools": [{"name": "a", "prefix": "Bad_Domain"}]},
-            "pools[0].prefix: its prefix is not a DNS subdomain: use <domain>/<name>",
+            "pools[0].prefix: its prefix is not a DNS subdomain: e.g. rdma, as in rdma/hca",
         ),
-        ({"pools": [{"name": "-a"}]}, "pools[0].name: its name must be 1-63 letters"),
+        (
+            {"pools": [{"name": "Bad Name"}]},
+            "pools[0].name: its name must be 1-63 letters, digits, '-', '_' or '.', starting and "
+            "ending alphanumeric: e.g. hca, as in rdma/hca",
+        ),
         (
             {"pools": [{"name": "a" * 60}]},
             "pools[0].name: device IDs would be 64 characters (max 63): shorten the pool name",
