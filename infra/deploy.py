@@ -178,8 +178,7 @@ def pulumi_cli() -> auto.PulumiCommand:
         ) from None
     except UnicodeDecodeError:  # the Automation API reads the version as UTF-8 text
         raise DeployError(
-            f"{found}: `pulumi version` printed bytes that are not text, not a version: "
-            f"{INSTALL}"
+            f"{found}: `pulumi version` printed bytes that are not text, not a version: {INSTALL}"
         ) from None
     except FileNotFoundError:  # the file is there: what its #! line names is not
         raise DeployError(
