@@ -304,7 +304,7 @@ class _Reader:
             else:
                 where, fix = unknown_key(key, names)
                 if where == key:  # a misspelling of a known key: named
-                    self._fail((*loc, key), "unknown key", fix, remove=True)
+                    self._fail((*loc, where), "unknown key", fix, remove=True)
                 else:  # described where it is, not as if it were a place
                     self._fail(loc, f"{where}: unknown key", fix, remove=True)
         return read
