@@ -164,8 +164,15 @@ class Metrics:
         self.collect(collect)
 
     def render(self) -> bytes:
-        fresh = [f for collector in self._collectors for f in collector()]
-        return "".join(f.render() for f in [*self._families, *fresh]).encode()
+        fresh: list[MetricFamily] = []
+        for collector in self._collectors:
+            try:
+                fresh += collector()
+            except Exception:  # what the host shows is read here: a surprise costs its families
+                logger.exception("/metrics: a collector failed; its families are left out")
+        text = "".join(f.render() for f in [*self._families, *fresh])
+        # label values come from sysfs names, which need not be UTF-8 (surrogate escapes)
+        return text.encode("utf-8", "replace")
 
 
 async def serve_http(

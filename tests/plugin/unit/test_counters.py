@@ -149,3 +149,19 @@ def test_a_counter_file_that_is_not_one_u64_in_digits_is_left_out_never_waited_o
     got = _scrape(tree.sys)
 
     assert got == {("rdma_port_received_packets_total", (("hca", "mlx5_0"), ("port", "1"))): 9.0}
+
+
+def test_names_that_are_not_utf8_still_render_a_scrape(tmp_path: Path) -> None:
+    tree = two_mlx5(tmp_path)
+    hw = tree.port_dir("mlx5_0") / "hw_counters"
+    hw.mkdir(exist_ok=True)
+    (hw / os.fsdecode(b"odd\xff")).write_text("5\n")
+    port = os.fsdecode(b"mlx5_1/ports/\xfe")
+    (tree.sys / "class" / "infiniband" / port / "counters").mkdir(parents=True)
+    (tree.sys / "class" / "infiniband" / port / "counters" / "port_rcv_data").write_text("1\n")
+
+    text = metrics_for(LaunchSpec(sysfs_root=tree.sys)).render().decode()
+
+    got = _samples(text)
+    assert got[(OTHER.metric + "_total", (("counter", "odd?"), ("hca", "mlx5_0"), ("port", "1")))]
+    assert got[("rdma_port_received_bytes_total", (("hca", "mlx5_1"), ("port", "?")))] == 4.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from plugin.core.metrics import Metrics
+from plugin.core.metrics import MetricFamily, Metrics
 
 
 def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -67,3 +67,16 @@ def test_the_scan_gauges_exist_before_any_scan_and_the_network_one_does_not() ->
         ("rdma_plugin_pool_conflicts", ()): 0.0,
         ("rdma_plugin_problems", ()): 0.0,
     }
+
+
+def test_a_collector_that_fails_costs_its_families_only(caplog: pytest.LogCaptureFixture) -> None:
+    metrics = Metrics()
+
+    def broken() -> list[MetricFamily]:
+        raise OSError("the host changed under it")
+
+    metrics.collect(broken)
+    families = {f.name for f in text_string_to_metric_families(metrics.render().decode())}
+
+    assert "rdma_plugin_problems" in families
+    assert "a collector failed" in caplog.text
