@@ -250,6 +250,11 @@ def _path(text: str) -> Path:
     return Path(os.path.abspath(text))
 
 
+# The kubelet's own dir: whatever is there now, the plugin waits for it to become a directory
+# (saying why), as for a kubelet not yet started.
+_WAITED_FOR = {"device_plugin_dir"}
+
+
 def _dir(text: str) -> Path:
     """A directory flag: one that may not exist yet (it is waited for, or made), but never a
     file (it would be read, or written into, as if it were a directory)."""
@@ -283,7 +288,7 @@ def parse(
             else str
             if isinstance(default, str)
             else _dir
-            if f.name.endswith(("_dir", "_root"))
+            if f.name.endswith(("_dir", "_root")) and f.name not in _WAITED_FOR
             else _path
         )
         parser.add_argument(

@@ -635,7 +635,7 @@ def test_a_key_pulumi_yaml_declares_but_the_program_does_not_read_is_named_there
         ("registryUsername=robot", "lingjun-rdma:registryUsername: only used with"),
         ("lingjunMachineType=efg2\nrm", "lingjunMachineType: not an Alibaba Cloud ID or name"),
         ("lingjunImageId=" + "i" * 200, "lingjunImageId: "),
-        ("sampleJobs=[1,2]", "lingjun-rdma:sampleJobs[1]: Input should be a valid string"),
+        ("sampleJobs=[1,2]", "lingjun-rdma:sampleJobs[1]: must be text (pulumi config set --path"),
         (f"ncclTestsImage=u:{SENTINEL}@registry.example.com/n:1", "ncclTestsImage: not an image"),
     ],
     ids=["username-without-build", "id-newline", "id-long", "list-index", "unused-image-login"],

@@ -218,7 +218,7 @@ def test_help_to_a_full_stdout_is_one_line(module: str) -> None:
     assert line.endswith("cannot write the help to stdout (No space left on device)")
 
 
-@pytest.mark.parametrize("flag", ["--sysfs-root", "--dev-root", "--device-plugin-dir", "--cdi-dir"])
+@pytest.mark.parametrize("flag", ["--sysfs-root", "--dev-root", "--cdi-dir"])
 async def test_a_directory_flag_naming_a_file_is_refused_at_start(
     plugin: PluginProcess, short_tmp: Path, flag: str
 ) -> None:
