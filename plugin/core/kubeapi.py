@@ -10,6 +10,7 @@ import binascii
 import http.client
 import json
 import os
+import re
 import ssl
 import tempfile
 from collections.abc import Callable
@@ -26,6 +27,8 @@ _TIMEOUT = 15.0
 _TOKEN_MAX = 64 * 1024
 # The most of an API server's error message said (a proxy in the way can answer megabytes).
 _SAID = 300
+# A bearer token: visible ASCII (RFC 6750's b64token and more), as a header carries it.
+_TOKEN = re.compile(r"[\x21-\x7e]+")
 
 
 class KubeApiError(RuntimeError):
@@ -87,9 +90,12 @@ class KubeApi:
             config = cast(dict[str, Any], doc)
             current = config["current-context"]
             context = _named(config["contexts"], current)["context"]
-            cluster = _named(config["clusters"], context["cluster"])["cluster"]
-            user = _named(config.get("users") or [], context.get("user", ""), {})
-            user = cast(dict[str, Any], user.get("user") or {})
+            named: Any = _named(config["clusters"], context["cluster"])["cluster"]
+            entry = _named(config.get("users") or [], context.get("user", ""), {})
+            found: Any = entry.get("user") or {}
+            if not isinstance(found, dict) or not isinstance(named, dict):
+                raise TypeError  # a list or a text where a mapping goes
+            user, cluster = cast(dict[str, Any], found), cast(dict[str, Any], named)
             server = str(cluster["server"])
         except (KeyError, TypeError, AttributeError):
             raise CredentialsError(
@@ -138,7 +144,13 @@ class KubeApi:
         return KubeApi.at(f"https://{host}:{port}", tls, token.strip(), "KUBERNETES_SERVICE_HOST")
 
     @staticmethod
-    def at(server: str, tls: ssl.SSLContext, token: str | None, where: str) -> KubeApi:
+    def at(server: str, tls: ssl.SSLContext, token: object, where: str) -> KubeApi:
+        bearer = None if token is None else str(token).strip()  # a YAML block scalar's newline
+        if bearer is not None and not _TOKEN.fullmatch(bearer):  # said, never sent
+            raise CredentialsError(
+                f"{where}: token: {described(bearer)} with a line break, a space or a character "
+                "an HTTP header cannot carry: fix it in the kubeconfig"
+            )
         try:
             url = urlsplit(server)
             host, port = url.hostname, url.port or 443
@@ -149,7 +161,7 @@ class KubeApi:
             raise CredentialsError(
                 f"{where}: server {described(server)} is not https://HOST[:PORT]: fix it"
             )
-        return KubeApi(host, port, tls, token)
+        return KubeApi(host, port, tls, bearer)
 
     def call(
         self,
@@ -184,6 +196,8 @@ class KubeApi:
                 said = str(json.loads(text).get("message", text))
             except (ValueError, AttributeError):
                 said = text
+            if self.token:  # a proxy may echo the Authorization header: never logged
+                said = said.replace(self.token, "<token>")
             said = said if len(said) <= _SAID else f"{said[:_SAID]}… ({len(said)} characters)"
             raise KubeApiError(f"{method} {path}: {response.status} {said}", response.status)
         try:

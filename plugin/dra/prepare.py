@@ -173,9 +173,15 @@ class Preparer:
     def _claim(self, claim: ClaimRef) -> dict[str, Any]:
         path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
         try:
-            return cast(dict[str, Any], self.api.call("GET", path))
+            obj = self.api.call("GET", path)
         except KubeApiError as exc:
             raise PrepareError(f"cannot read claim {claim.namespace}/{claim.name}: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise PrepareError(
+                f"cannot read claim {claim.namespace}/{claim.name}: the answer is a "
+                f"{type(obj).__name__}, not a ResourceClaim"
+            )
+        return cast(dict[str, Any], obj)
 
     def _host_network_only(self, claim: ClaimRef, obj: dict[str, Any]) -> bool:
         """Whether every pod the claim is reserved for is on the host network. A pod that
@@ -188,7 +194,10 @@ class Preparer:
         for pod in pods:
             path = f"/api/v1/namespaces/{claim.namespace}/pods/{pod.get('name', '')}"
             try:
-                spec = cast(dict[str, Any], self.api.call("GET", path).get("spec") or {})
+                answer = self.api.call("GET", path)
+                if not isinstance(answer, dict):
+                    raise KubeApiError(f"GET {path}: the answer is not a Pod")
+                spec = cast(dict[str, Any], cast(dict[str, Any], answer).get("spec") or {})
             except KubeApiError as exc:
                 logger.warning(
                     "claim %s/%s: no NCCL settings in its spec: cannot read pod %s (%s)",

@@ -96,8 +96,16 @@ class SlicePublisher:
     def _existing(self) -> dict[str, dict[str, Any]]:
         selector = f"spec.nodeName={self.node},spec.driver={self.driver}"
         listed = self.api.call("GET", RESOURCE_SLICES, query={"fieldSelector": selector})
-        items = cast(list[dict[str, Any]], listed.get("items") or [])
-        return {s["metadata"]["name"]: s for s in items}
+        items: Any = None
+        if isinstance(listed, dict):
+            items = cast(dict[str, Any], listed).get("items") or []
+        # what the rest reads of each, checked here once: an odd answer is retried, not a crash
+        if not isinstance(items, list) or not all(_is_slice(s) for s in cast(list[Any], items)):
+            raise KubeApiError(
+                f"GET {RESOURCE_SLICES}: the answer is not a list of ResourceSlices: is the "
+                "server an API server of 1.34 or newer?"
+            )
+        return {s["metadata"]["name"]: s for s in cast(list[dict[str, Any]], items)}
 
     def _reconcile(
         self, existing: dict[str, dict[str, Any]], generation: int, devices: Sequence[SliceDevice]
@@ -127,6 +135,21 @@ class SlicePublisher:
                 changed,
             )
         self.published = generation
+
+
+def _is_slice(item: Any) -> bool:
+    """Shaped as what the publisher reads of a ResourceSlice: its name, resourceVersion, spec
+    and pool generation."""
+    try:
+        meta, spec = item["metadata"], item["spec"]
+        _generation(item)
+    except (KeyError, TypeError, ValueError):
+        return False
+    return (
+        isinstance(meta["name"], str)
+        and isinstance(meta.get("resourceVersion"), str)
+        and isinstance(spec, dict)
+    )
 
 
 def _generation(item: dict[str, Any]) -> int:

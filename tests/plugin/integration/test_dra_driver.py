@@ -34,6 +34,9 @@ from tests.plugin.plugin_process import free_port
 from tests.plugin.sysfs_tree import SysfsTree
 
 
+TOKEN = "S3cret-token-0123456789"  # the driver's own: never in its log
+
+
 class Driver:
     def __init__(self, root: Path, tree: SysfsTree, server: str | None = None) -> None:
         kubeconfig = root / "kubeconfig"
@@ -50,7 +53,7 @@ class Driver:
                             },
                         }
                     ],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
+                    "users": [{"name": "u", "user": {"token": TOKEN}}],
                     "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
                     "current-context": "x",
                 }
@@ -201,7 +204,7 @@ def test_what_the_driver_refuses_is_one_line(args: tuple[str, ...], said: str) -
     assert "S3cret" not in done.stderr
 
 
-def _kubeconfig(cluster: dict[str, object], user: dict[str, object]) -> dict[str, object]:
+def _kubeconfig(cluster: dict[str, object], user: object) -> dict[str, object]:
     return {
         "clusters": [{"name": "c", "cluster": cluster}],
         "users": [{"name": "u", "user": user}],
@@ -248,15 +251,21 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
          {"username": "u", "password": "S3cret"}, "username is not supported here"),
         ({"server": SERVER, "insecure-skip-tls-verify": True, "proxy-url": "http://p:3128"},
          {"token": "S3cret"}, "proxy-url is not supported here"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True}, {"token": "S3cret\nX-Evil: 1"},
+         "token: text of 16 characters with a line break, a space or a character an HTTP "
+         "header cannot carry"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True}, ["S3cret"],
+         "no current context with a cluster and server"),
     ],
     ids=["ca-not-base64", "ca-not-text", "ca-not-pem", "ca-file-missing", "port-out-of-range",
          "bad-ipv6", "cert-not-base64", "cert-file-missing", "token-fifo", "token-dev-zero",
-         "token-missing", "exec", "auth-provider", "basic-auth", "proxy"],
+         "token-missing", "exec", "auth-provider", "basic-auth", "proxy", "token-newline",
+         "user-a-list"],
 )  # fmt: skip
 def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
-    tmp_path: Path, cluster: dict[str, object], user: dict[str, object], said: str
+    tmp_path: Path, cluster: dict[str, object], user: object, said: str
 ) -> None:
-    if user.get("tokenFile") == "FIFO":
+    if isinstance(user, dict) and user.get("tokenFile") == "FIFO":
         os.mkfifo(tmp_path / "fifo")
         user = {"tokenFile": str(tmp_path / "fifo")}
     kubeconfig = tmp_path / "kubeconfig"
@@ -323,9 +332,15 @@ class OddApi:
     [
         (200, b"<html>" + b"x" * 5000 + b"</html>", "200, but the answer is not JSON (5013 "),
         (500, json.dumps({"message": "m" * 200_000}).encode(), "… (200000 characters)"),
+        (403, json.dumps({"message": f"token Bearer {TOKEN} may not"}).encode(),
+         "403 token Bearer <token> may not"),
+        (200, b"[]", "the answer is not a list of ResourceSlices"),
+        (200, b'{"items": "x"}', "the answer is not a list of ResourceSlices"),
+        (200, b'{"items": [{"spec": {}}]}', "the answer is not a list of ResourceSlices"),
     ],
-    ids=["not-json", "huge-error"],
-)
+    ids=["not-json", "huge-error", "echoes-the-token", "a-list", "items-not-a-list",
+         "items-without-metadata"],
+)  # fmt: skip
 async def test_an_odd_api_answer_is_one_bounded_line_and_the_driver_serves_on(
     short_tmp: Path, tree: SysfsTree, status: int, body: bytes, said: str
 ) -> None:
@@ -346,6 +361,7 @@ async def test_an_odd_api_answer_is_one_bounded_line_and_the_driver_serves_on(
     log = driver.log.read_text()
     assert said in log
     assert "Traceback" not in log
+    assert TOKEN not in log
     assert max(len(line) for line in log.splitlines()) < 1000
     assert code == 0
 
