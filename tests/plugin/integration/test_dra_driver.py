@@ -33,7 +33,6 @@ from plugin.launch import DRA_DRIVER, DraLaunchSpec, dra_socket, registration_so
 from tests.plugin.plugin_process import free_port
 from tests.plugin.sysfs_tree import SysfsTree
 
-
 TOKEN = "S3cret-token-0123456789"  # the driver's own: never in its log
 
 
