@@ -5,14 +5,17 @@ account. Blocking: the driver calls it from a thread."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import http.client
 import json
 import os
 import re
 import ssl
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +47,32 @@ class KubeApiError(RuntimeError):
 _UNSUPPORTED = ("exec", "auth-provider", "username", "password")
 
 
+async def in_background(call: Callable[[], T]) -> T:
+    """`call()` (an API call) in a daemon thread: a stop never waits for one in flight, up to
+    its timeout, saying nothing; what it would have done is dropped with the process."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(cast(T, result))
+
+    def run() -> None:
+        try:
+            result, error = call(), None
+        except BaseException as exc:  # handed to the awaiting task, as to_thread does
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="kubeapi", daemon=True).start()
+    return await done
+
+
 class CredentialsError(ValueError):
     """No usable credentials: the message names the file or field and the fix."""
 
@@ -51,7 +80,12 @@ class CredentialsError(ValueError):
 T = TypeVar("T")
 
 
-def _field(where: str, field: str, read: Callable[[], T], file: str | None = None) -> T:
+_FIX = "fix it in the kubeconfig"
+
+
+def _field(
+    where: str, field: str, read: Callable[[], T], file: str | None = None, fix: str = _FIX
+) -> T:
     """`read()` of one credential field, or CredentialsError naming the field (and `file`, the
     path it names) and why; never its value (a key, a token)."""
     try:
@@ -67,7 +101,7 @@ def _field(where: str, field: str, read: Callable[[], T], file: str | None = Non
         why = f"{named}: {exc.strerror or exc}" if named else str(exc.strerror or exc)
     except (ValueError, TypeError) as exc:
         why = str(exc)
-    raise CredentialsError(f"{where}: {field}: {why}: fix it in the kubeconfig")
+    raise CredentialsError(f"{where}: {field}: {why}: {fix}")
 
 
 @dataclass(frozen=True)
@@ -111,8 +145,15 @@ class KubeApi:
                 f"{where}: {unsupported[0]} is not supported here: give the context a token, a "
                 "tokenFile or a client certificate (a service account's, for a driver)"
             )
+        skip = cluster.get("insecure-skip-tls-verify", False)
+        if not isinstance(
+            skip, bool
+        ):  # "false" as text is true to Python: refused, as kubectl does
+            raise CredentialsError(
+                f"{where}: insecure-skip-tls-verify: {described(skip)}, not true or false: {_FIX}"
+            )
         tls = ssl.create_default_context()
-        if cluster.get("insecure-skip-tls-verify"):
+        if skip:
             tls.check_hostname = False
             tls.verify_mode = ssl.CERT_NONE
         elif "certificate-authority-data" in cluster:
@@ -137,15 +178,25 @@ class KubeApi:
             raise CredentialsError(
                 "not in a pod (no KUBERNETES_SERVICE_HOST): pass --kubeconfig to run outside one"
             )
+        if not (port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536):
+            raise CredentialsError(
+                f"KUBERNETES_SERVICE_PORT: {described(port)}, not a port: the kubelet sets it "
+                "in a pod; outside one, pass --kubeconfig"
+            )
         where = f"the pod's service account ({SERVICE_ACCOUNT})"
+        fix = "mount it (automountServiceAccountToken: true), or pass --kubeconfig"
         ca = str(SERVICE_ACCOUNT / "ca.crt")
-        tls = _field(where, "ca.crt", lambda: ssl.create_default_context(cafile=ca))
-        token = _field(where, "token", lambda: read_text(SERVICE_ACCOUNT / "token", _TOKEN_MAX))
+        tls = _field(where, "ca.crt", lambda: ssl.create_default_context(cafile=ca), fix=fix)
+        token = _field(
+            where, "token", lambda: read_text(SERVICE_ACCOUNT / "token", _TOKEN_MAX), fix=fix
+        )
         return KubeApi.at(f"https://{host}:{port}", tls, token.strip(), "KUBERNETES_SERVICE_HOST")
 
     @staticmethod
     def at(server: str, tls: ssl.SSLContext, token: object, where: str) -> KubeApi:
-        bearer = None if token is None else str(token).strip()  # a YAML block scalar's newline
+        if token is not None and not isinstance(token, str):
+            raise CredentialsError(f"{where}: token: {described(token)}, not text: {_FIX}")
+        bearer = None if token is None else token.strip()  # a YAML block scalar's newline
         if bearer is not None and not _TOKEN.fullmatch(bearer):  # said, never sent
             raise CredentialsError(
                 f"{where}: token: {described(bearer)} with a line break, a space or a character "
@@ -224,7 +275,9 @@ def _client_cert(where: str, tls: ssl.SSLContext, user: dict[str, Any]) -> None:
     through a private temporary dir, removed at once)."""
     if "client-certificate" in user:
         cert, key = str(user["client-certificate"]), user.get("client-key")
-        _field(where, "client-certificate", lambda: tls.load_cert_chain(cert, key), cert)
+        # a cert without its key, or a key of another cert: both named, the pair is the problem
+        named = "client-certificate" if key is None else "client-certificate and client-key"
+        _field(where, named, lambda: tls.load_cert_chain(cert, key), cert)
     elif "client-certificate-data" in user:
         pem = _field(
             where,
@@ -240,5 +293,5 @@ def _client_cert(where: str, tls: ssl.SSLContext, user: dict[str, Any]) -> None:
             cert, key = Path(tmp) / "crt", Path(tmp) / "key"
             cert.write_bytes(pem)
             key.write_bytes(key_pem)
-            _field(where, "client-certificate-data",
+            _field(where, "client-certificate-data and client-key-data",
                    lambda: tls.load_cert_chain(str(cert), str(key)))  # fmt: skip

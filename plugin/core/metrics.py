@@ -184,8 +184,10 @@ async def serve_http(
         try:
             async with asyncio.timeout(5):
                 request = await reader.readuntil(b"\r\n\r\n")
-            # bytes compared as bytes: a path that is not UTF-8 is just not one of ours
-            path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
+            # bytes compared as bytes: a path that is not UTF-8 is just not one of ours; a query
+            # (a scrape config's params) does not change what is asked
+            method, _, rest = request.partition(b" ")
+            path = rest.split(b" ", 1)[0].split(b"?", 1)[0] if b" " in rest else b""
             if path == b"/metrics":
                 status, ctype, body = (
                     "200 OK",
@@ -201,7 +203,7 @@ async def serve_http(
             writer.write(
                 f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                 "Connection: close\r\n\r\n".encode()
-                + body
+                + (b"" if method == b"HEAD" else body)  # HEAD: what GET would say, no body
             )
             await writer.drain()
         except (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):

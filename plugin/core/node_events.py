@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from plugin.core.kubeapi import KubeApi, KubeApiError
+from plugin.core.kubeapi import KubeApi, KubeApiError, in_background
 from plugin.core.problems import Problem
 from plugin.launch import EVENT_NAMESPACE
 
@@ -85,7 +85,7 @@ class NodeEvents:
         component: str,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.api = api
+        self.api = api if node else None  # an Event is about a Node: without its name, none
         self.node = node
         self.component = component
         self.clock = clock
@@ -94,6 +94,11 @@ class NodeEvents:
         self._tasks: set[asyncio.Task[None]] = set()
         if api is None:
             logger.info("no API access: the node's problems are in this log only, not Events")
+        elif not node:
+            logger.warning(
+                "no Events: they are about this node, whose name is not given (--node-name or "
+                "$NODE_NAME): the node's problems are in this log only"
+            )
 
     def report(self, problems: Sequence[Problem]) -> None:
         """On the event loop, at every scan: post what is due. Only the calls run in a thread;
@@ -107,7 +112,7 @@ class NodeEvents:
 
     async def _send(self, post: Post) -> None:
         try:
-            name = await asyncio.to_thread(self._call, post)
+            name = await in_background(lambda: self._call(post))
         except KubeApiError as exc:
             self.ledger.failed(post.problem)
             if not self._unposted:

@@ -65,7 +65,7 @@ async def run(
         for e in endpoints.values():
             e.wake()
 
-    events = NodeEvents(api if spec.node_name else None, spec.node_name, PROG)
+    events = NodeEvents(api, spec.node_name, PROG)
 
     def report(problems: Sequence[Problem]) -> None:
         waits = [Problem(REGISTRATION, f"{e.resource}: {w}") for e in endpoints.values()

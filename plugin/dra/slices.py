@@ -6,11 +6,12 @@ node's slices when it starts and when a driver stays away) and periodically."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any, cast
 
-from plugin.core.kubeapi import KubeApi, KubeApiError
+from plugin.core.kubeapi import KubeApi, KubeApiError, in_background
 from plugin.dra.devices import SliceDevice, label, slices
 
 logger = logging.getLogger(__name__)
@@ -78,11 +79,13 @@ class SlicePublisher:
             if self._devices is None:
                 continue
             try:
-                existing = await asyncio.to_thread(self._existing)
+                existing = await in_background(self._existing)
                 newest = max((_generation(s) for s in existing.values()), default=0)
                 if not self.published and newest >= self.generation:
                     self.generation = newest + 1  # a restart: past what the last run published
-                await asyncio.to_thread(self._reconcile, existing, self.generation, self._devices)
+                await in_background(
+                    functools.partial(self._reconcile, existing, self.generation, self._devices)
+                )
             except KubeApiError as exc:
                 logger.warning(
                     "ResourceSlices of %s: %s; trying again in %.0fs", self.node, exc, backoff

@@ -235,7 +235,7 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
          {"client-certificate-data": "bad!!S3cret"}, "client-certificate-data: not base64"),
         ({"server": SERVER, "insecure-skip-tls-verify": True},
          {"client-certificate": "/nonexistent/c.crt", "client-key": "/nonexistent/c.key"},
-         "client-certificate: /nonexistent/c.crt: No such file or directory"),
+         "client-certificate and client-key: /nonexistent/c.crt: No such file or directory"),
         ({"server": SERVER, "insecure-skip-tls-verify": True}, {"tokenFile": "FIFO"},
          "tokenFile: a FIFO, not a regular file"),
         ({"server": SERVER, "insecure-skip-tls-verify": True}, {"tokenFile": "/dev/zero"},
@@ -255,11 +255,15 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
          "header cannot carry"),
         ({"server": SERVER, "insecure-skip-tls-verify": True}, ["S3cret"],
          "no current context with a cluster and server"),
+        ({"server": SERVER, "insecure-skip-tls-verify": "false"}, {},
+         "insecure-skip-tls-verify: text of 5 characters, not true or false"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True}, {"token": ["S3cret"]},
+         "token: a list of 1, not text"),
     ],
     ids=["ca-not-base64", "ca-not-text", "ca-not-pem", "ca-file-missing", "port-out-of-range",
          "bad-ipv6", "cert-not-base64", "cert-file-missing", "token-fifo", "token-dev-zero",
          "token-missing", "exec", "auth-provider", "basic-auth", "proxy", "token-newline",
-         "user-a-list"],
+         "user-a-list", "tls-skip-as-text", "token-a-list"],
 )  # fmt: skip
 def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
     tmp_path: Path, cluster: dict[str, object], user: object, said: str
@@ -475,3 +479,50 @@ async def test_its_own_plugin_dir_taken_by_a_file_is_said_and_kept(
     assert own.read_text() == "someone's notes\n"
     said = [ln for ln in driver.log.read_text().splitlines() if ln.startswith("rdma-dra")]
     assert said == [f"rdma-dra-driver: --plugins-dir: {own} is not a directory: move it away"]
+
+
+@pytest.mark.parametrize(
+    ("port", "said"),
+    [
+        ("443", "ca.crt: "),
+        ("abc", "KUBERNETES_SERVICE_PORT: text of 3 characters, not a port"),
+    ],
+    ids=["no-service-account", "port-not-a-number"],
+)
+def test_in_a_pod_without_its_service_account_the_fix_is_to_mount_it(port: str, said: str) -> None:
+    env = {**os.environ, "KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": port}
+    done = subprocess.run(
+        [sys.executable, "-m", "plugin.dra", "--discovery", "sysfs", "--node-name", "n1"],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
+    )  # fmt: skip
+
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert said in line
+    assert "kubeconfig: " not in line
+    assert "fix it in the kubeconfig" not in line
+    if port == "443":
+        assert line.endswith("mount it (automountServiceAccountToken: true), or pass --kubeconfig")
+
+
+def test_a_cert_and_a_key_that_do_not_match_are_named_together(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        subprocess.run(
+            ["openssl", "req", "-x509", "-nodes", "-newkey", "rsa:2048", "-days", "1",
+             "-subj", f"/CN={name}", "-keyout", str(tmp_path / f"{name}.key"),
+             "-out", str(tmp_path / f"{name}.crt")],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    user = {"client-certificate": str(tmp_path / "a.crt"), "client-key": str(tmp_path / "b.key")}
+    kubeconfig = tmp_path / "kubeconfig"
+    cluster = {"server": SERVER, "insecure-skip-tls-verify": True}
+    kubeconfig.write_text(json.dumps(_kubeconfig(cluster, user)))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "plugin.dra", "--discovery", "sysfs", "--node-name", "n1",
+         "--kubeconfig", str(kubeconfig)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 2, done.stderr
+    assert ": client-certificate and client-key: " in done.stderr

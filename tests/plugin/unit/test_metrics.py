@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from plugin.core.metrics import MetricFamily, Metrics
+from plugin.core.metrics import MetricFamily, Metrics, serve_http
 
 
 def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -80,3 +82,32 @@ def test_a_collector_that_fails_costs_its_families_only(caplog: pytest.LogCaptur
 
     assert "rdma_plugin_problems" in families
     assert "a collector failed" in caplog.text
+
+
+async def _ask(request: bytes) -> bytes:
+    server = await serve_http("127.0.0.1", 0, Metrics(), lambda: True)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request)
+        answer = await reader.read()
+        writer.close()
+        return answer
+    finally:
+        server.close()
+
+
+async def test_a_scrape_with_a_query_string_is_a_scrape() -> None:
+    answer = await _ask(b"GET /metrics?module=rdma HTTP/1.1\r\nHost: x\r\n\r\n")
+
+    assert answer.startswith(b"HTTP/1.1 200 OK")
+    assert b"rdma_plugin_problems 0.0" in answer
+
+
+async def test_head_says_what_get_would_without_a_body() -> None:
+    answer = await _ask(b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    assert int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]) > 0
+    assert body == b""
