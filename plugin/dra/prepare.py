@@ -108,7 +108,7 @@ class Preparer:
             self.claims[claim.uid] = done
             save_checkpoint(self.checkpoint, self.claims)
         name = spec_file(self.driver, claim.uid)
-        if not (self.cdi_dir / name).exists():
+        if not (self.cdi_dir / name).is_file():  # gone, or something else there: said by write
             try:
                 cdi.write_spec(self.cdi_dir, name, done.spec)
             except cdi.CdiError as exc:
@@ -124,10 +124,18 @@ class Preparer:
 
     def _prepare(self, claim: ClaimRef) -> Prepared:
         obj = self._claim(claim)
-        results = self._allocated(claim, obj)
         requests: dict[str, list[str]] = {}
-        for result in results:
-            requests.setdefault(result["device"], []).append(result["request"])
+        try:  # what is read of the claim, read here: an answer of another shape is its error
+            for result in self._allocated(claim, obj):
+                device, request = result["device"], result["request"]
+                if not isinstance(device, str) or not isinstance(request, str):
+                    raise TypeError
+                requests.setdefault(device, []).append(request)
+        except (KeyError, TypeError, AttributeError):
+            raise PrepareError(
+                f"claim {claim.namespace}/{claim.name}: the API server's answer is not a "
+                "ResourceClaim as resource.k8s.io/v1 has it"
+            ) from None
         allocations: dict[str, policy.Allocation] = {}
         hcas: list[str] = []
         granted: dict[str, Hca] = {}
@@ -186,9 +194,12 @@ class Preparer:
     def _host_network_only(self, claim: ClaimRef, obj: dict[str, Any]) -> bool:
         """Whether every pod the claim is reserved for is on the host network. A pod that
         cannot be read counts as off it: its podenv init container still has the settings."""
-        status = cast(dict[str, Any], obj.get("status") or {})
-        consumers = cast(list[dict[str, str]], status.get("reservedFor") or [])
-        pods = [c for c in consumers if c.get("resource") == "pods" and not c.get("apiGroup")]
+        try:
+            status = cast(dict[str, Any], obj.get("status") or {})
+            consumers = cast(list[dict[str, str]], status.get("reservedFor") or [])
+            pods = [c for c in consumers if c.get("resource") == "pods" and not c.get("apiGroup")]
+        except AttributeError:  # of another shape: the pods' podenv has the settings
+            return False
         if not pods or len(pods) != len(consumers):
             return False
         for pod in pods:
@@ -208,7 +219,7 @@ class Preparer:
                 return False
         return True
 
-    def _allocated(self, claim: ClaimRef, obj: dict[str, Any]) -> list[dict[str, str]]:
+    def _allocated(self, claim: ClaimRef, obj: dict[str, Any]) -> list[dict[str, Any]]:
         if obj["metadata"].get("uid") != claim.uid:
             raise PrepareError(
                 f"claim {claim.namespace}/{claim.name} has UID {obj['metadata'].get('uid')}, not "
@@ -217,7 +228,7 @@ class Preparer:
         status = cast(dict[str, Any], obj.get("status") or {})
         allocation = cast(dict[str, Any], status.get("allocation") or {})
         devices = cast(dict[str, Any], allocation.get("devices") or {})
-        results = cast(list[dict[str, str]], devices.get("results") or [])
+        results = cast(list[dict[str, Any]], devices.get("results") or [])
         ours = [r for r in results if r.get("driver") == self.driver and r.get("pool") == self.node]
         if not ours:
             raise PrepareError(
@@ -248,12 +259,20 @@ def load_checkpoint(path: Path) -> dict[str, Prepared]:
         doc = cast(dict[str, Any], doc)
         if doc.get("version") != CHECKPOINT_VERSION:
             raise ValueError(f"version {doc.get('version')}, not {CHECKPOINT_VERSION}")
-        return {uid: _prepared(c) for uid, c in doc["claims"].items()}
+        claims: dict[str, Prepared] = {}
+        for uid, entry in cast(dict[str, Any], doc["claims"]).items():
+            try:
+                claims[str(uid)] = _prepared(entry)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                # one claim's entry: that claim is prepared afresh when asked, the rest kept
+                logger.warning("checkpoint %s: claim %s is not as this driver writes it: left out",
+                               path, uid)  # fmt: skip
+        return claims
     except UnreadableError as exc:
         if exc.missing:
             return {}
         problem: Exception = exc  # a FIFO, a device: renamed aside, never read
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         problem = exc
     aside = path.with_suffix(".unreadable")
     with contextlib.suppress(OSError):
@@ -262,7 +281,22 @@ def load_checkpoint(path: Path) -> dict[str, Prepared]:
     return {}
 
 
+def _is_cdi_device(device: Any) -> bool:
+    if not isinstance(device, dict):
+        return False
+    named = cast(dict[str, Any], device)
+    return isinstance(named.get("name"), str) and isinstance(named.get("containerEdits"), dict)
+
+
 def _prepared(doc: Mapping[str, Any]) -> Prepared:
+    """A checkpoint entry, checked as what goes back to the runtime: a spec of devices each
+    with a name and its edits, and the devices' IDs as text."""
+    spec = dict(doc["spec"])
+    devices = spec["devices"]
+    if not isinstance(devices, list) or not all(
+        _is_cdi_device(d) for d in cast(list[Any], devices)
+    ):
+        raise ValueError("its CDI spec has no list of named devices")
     return Prepared(
         namespace=doc["namespace"],
         name=doc["name"],

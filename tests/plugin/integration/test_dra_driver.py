@@ -29,6 +29,7 @@ from plugin.dra.api.dra.v1beta1 import api_pb2 as v1beta1
 from plugin.dra.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from plugin.dra.api.pluginregistration.v1 import api_pb2 as reg
 from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from plugin.dra.prepare import CHECKPOINT_VERSION, spec_file
 from plugin.launch import DRA_DRIVER, DraLaunchSpec, dra_socket, registration_socket
 from tests.plugin.plugin_process import free_port
 from tests.plugin.sysfs_tree import SysfsTree
@@ -406,7 +407,7 @@ async def test_a_file_where_a_socket_goes_is_kept_and_said(
     )
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "garbage"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "garbage", "nested-deep"])
 async def test_a_checkpoint_that_cannot_be_read_is_kept_aside_and_the_driver_serves(
     short_tmp: Path, tree: SysfsTree, kind: str
 ) -> None:
@@ -417,6 +418,8 @@ async def test_a_checkpoint_that_cannot_be_read_is_kept_aside_and_the_driver_ser
         os.mkfifo(checkpoint)
     elif kind == "dev-zero":
         checkpoint.symlink_to("/dev/zero")
+    elif kind == "nested-deep":
+        checkpoint.write_text("[" * 200_000 + "]" * 200_000)
     else:
         checkpoint.write_text("{not json")
     await driver.start()  # registration served: nothing blocked on the checkpoint
@@ -526,3 +529,112 @@ def test_a_cert_and_a_key_that_do_not_match_are_named_together(tmp_path: Path) -
 
     assert done.returncode == 2, done.stderr
     assert ": client-certificate and client-key: " in done.stderr
+
+
+def _claim(results: object, status: object = None) -> bytes:
+    allocation = {"devices": {"results": results}}
+    return json.dumps({
+        "metadata": {"uid": "u-1", "name": "c", "namespace": "default"},
+        "status": status if status is not None else {"allocation": allocation},
+    }).encode()  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{}",
+        b'{"metadata": "x"}',
+        _claim([], status="x"),
+        _claim({"a": 1}),
+        _claim(["a"]),
+        _claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r"}]),
+        _claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": 5}]),
+    ],
+    ids=["no-metadata", "metadata-text", "status-text", "results-mapping", "results-text",
+         "result-without-device", "device-a-number"],
+)  # fmt: skip
+async def test_a_claim_of_another_shape_is_that_claims_error(
+    short_tmp: Path, tree: SysfsTree, body: bytes
+) -> None:
+    api = OddApi(short_tmp, 200, body)
+    driver = Driver(short_tmp, tree, api.url)
+    await driver.start()
+    try:
+        target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
+        claim = v1.Claim(namespace="default", uid="u-1", name="c")
+        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+            answer = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[claim]), timeout=30
+            )
+    finally:
+        assert await driver.stop() == 0
+        api.close()
+
+    error = answer.claims["u-1"].error
+    assert error.startswith("claim default/c: ")
+    assert "the API server's answer is not a ResourceClaim" in error
+    assert "Traceback" not in driver.log.read_text()
+
+
+def _checkpoint(driver: Driver, claims: dict[str, object]) -> Path:
+    path = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"version": CHECKPOINT_VERSION, "claims": claims}))
+    return path
+
+
+GOOD_ENTRY = {
+    "namespace": "default",
+    "name": "c",
+    "devices": [{"request_names": ["r"], "pool_name": "node-a", "device_name": "hca-0",
+                 "cdi_device_ids": ["rdma.lingjun-rdma.io/hca=u-1-hca-0"]}],
+    "spec": {"cdiVersion": "0.6.0", "kind": "rdma.lingjun-rdma.io/hca",
+             "devices": [{"name": "u-1-hca-0", "containerEdits": {"env": ["A=1"]}}]},
+}  # fmt: skip
+
+
+async def _prepare(driver: Driver, uid: str) -> v1.NodePrepareResourceResponse:
+    target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
+    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+        answer = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+            v1.NodePrepareResourcesRequest(
+                claims=[v1.Claim(namespace="default", uid=uid, name="c")]
+            ),
+            timeout=30,
+        )
+    return answer.claims[uid]
+
+
+async def test_a_checkpoint_entry_not_as_the_driver_writes_it_is_left_out_the_rest_kept(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    driver = Driver(short_tmp, tree)
+    bad = {**GOOD_ENTRY, "spec": {"devices": 5}}
+    _checkpoint(driver, {"u-1": GOOD_ENTRY, "u-2": bad})
+    await driver.start()
+    try:
+        kept, left_out = await _prepare(driver, "u-1"), await _prepare(driver, "u-2")
+    finally:
+        assert await driver.stop() == 0
+
+    assert kept.error == ""
+    assert [d.device_name for d in kept.devices] == ["hca-0"]
+    assert left_out.error.startswith("cannot read claim default/c: ")  # prepared afresh: no API
+    assert not (driver.spec.cdi_dir / "rdma.lingjun-rdma.io-u-2.json").exists()
+    assert "claim u-2 is not as this driver writes it: left out" in driver.log.read_text()
+
+
+async def test_a_directory_where_a_claims_spec_goes_is_that_claims_error(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    driver = Driver(short_tmp, tree)
+    _checkpoint(driver, {"u-1": GOOD_ENTRY})
+    (driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")).mkdir(parents=True)
+    await driver.start()
+    try:
+        answer = await _prepare(driver, "u-1")
+    finally:
+        assert await driver.stop() == 0
+
+    assert "cannot write" in answer.error
+    assert not answer.devices
