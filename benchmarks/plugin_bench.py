@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +25,11 @@ from pathlib import Path
 import grpc
 
 from plugin.config import PluginConfig, Pool
+from plugin.core import podqps
 from plugin.core import pool as policy
 from plugin.core.counters import PORT_COUNTERS, metrics_for
 from plugin.core.discovery.model import CharDevices, Hca, Port
+from plugin.core.restrack import Qp
 from plugin.core.sockets import CHANNEL_OPTIONS
 from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.deviceplugin.wire import list_and_watch_response
@@ -513,6 +516,19 @@ async def p7(scrapes: int = 200) -> None:
         size = len(metrics_for(LaunchSpec(sysfs_root=tree.sys)).render())
         print(f"P7 /metrics render, 8 HCAs x 2 ports, counters off  {fmt_ms(renders['off'])}")
         print(f"P7 /metrics render, counters on ({size} bytes)  {fmt_ms(renders['on'])}")
+        # QPs per pod: 200 QPs of 50 pods' processes over the 8 HCAs, mapped by their cgroups
+        # (restrack's own dump needs real verbs: make test-rdma prints it for 200 QPs of rxe)
+        proc = tmp / "proc"
+        qps: list[Qp] = []
+        for pod in range(50):
+            pid = 1000 + pod
+            (proc / str(pid)).mkdir(parents=True)
+            (proc / str(pid) / "cgroup").write_text(
+                f"0::/kubepods.slice/kubepods-pod{uuid.UUID(int=pod + 1)}.slice/cri-x.scope\n"
+            )
+            qps += [Qp(f"mlx5_{(pod + q) % 8}", 1, pod * 4 + q, pid) for q in range(4)]
+        attribute = time_calls(lambda: podqps.families(qps, proc), scrapes)
+        print(f"P7 QPs per pod, 200 QPs of 50 pods mapped to their UIDs  {fmt_ms(attribute)}")
         for switch in ("off", "on"):
             root = tmp / switch
             root.mkdir()
