@@ -388,6 +388,12 @@ def _lingjun_group(k: Keys) -> tuple[NewLingjunGroup | AdoptedLingjunGroup | Non
     ]
 
 
+# Prefix lengths: a VPC's and a vSwitch's, as Alibaba Cloud's VPC takes them; the Services'
+# ours, room for at least 256 Services and at most a /12's million.
+CIDR_PREFIXES = {"vpcCidr": (8, 28), "vswitchCidrs": (16, 29), "serviceCidr": (12, 24)}
+# vSwitches in one VPC, at most (its quota)
+MAX_VSWITCHES = 150
+
 _CIDR_EXAMPLES = {
     "vpcCidr": "192.168.0.0/16",
     "serviceCidr": "172.16.0.0/16",
@@ -414,10 +420,21 @@ def _network(k: Keys) -> tuple[NetworkPlan | None, list[str]]:
                 why = f"{value} has bits set past its prefix: the network is {example}"
             fix = _set_items(base) if base in LIST_KEYS else _set(base, example)
             problems.append(f"{_key(key)}: {why} {fix}")
+            continue
+        low, high = CIDR_PREFIXES[base]
+        if not low <= nets[key].prefixlen <= high:
+            fix = _set_items(base) if base in LIST_KEYS else _set(base, _CIDR_EXAMPLES[base])
+            problems.append(f"{_key(key)}: a /{nets[key].prefixlen}, not /{low} to /{high} {fix}")
     if problems:
         return None, problems
     if not k.vswitch_cidrs:
         problems.append(f"{_key('vswitchCidrs')}: list at least one {_set_items('vswitchCidrs')}")
+    if len(k.vswitch_cidrs) > MAX_VSWITCHES:
+        problems.append(
+            f"{_key('vswitchCidrs')}: {len(k.vswitch_cidrs)} vSwitches, over a VPC's "
+            f"{MAX_VSWITCHES} {_set_items('vswitchCidrs')}"
+        )
+        return None, problems  # their pairs are not checked for overlaps: that is n^2
     if len(k.zone_ids) != len(k.vswitch_cidrs):
         problems.append(
             f"{_key('zoneIds')}: one zone per vSwitch CIDR ({len(k.vswitch_cidrs)} CIDRs, "

@@ -31,6 +31,9 @@ def reference_problem(image: str) -> str | None:
             if login
             else ""
         )
+    port = first.rpartition(":")[2] if registry and ":" in first else ""
+    if port and not 0 < int(port[:6]) <= 65535:  # digits alone: the grammar matched them
+        return "its registry's port is not 1-65535"
     name = image.partition("@")[0]
     last = name.rpartition("/")[2]
     if ":" in last:  # a tag, not a registry's port

@@ -130,6 +130,10 @@ def stack_config(
             )
         if _qualify(key) in overridden:
             raise StackFileError(f"--set {key}: given twice: keep one")
+        try:  # bytes the shell passed that are not UTF-8 (Pulumi's config is UTF-8 text)
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise StackFileError(f"--set {key}: its value is not UTF-8 text: retype it") from None
         overridden.add(_qualify(key))
         config[_qualify(key)] = value
         if key.removeprefix(f"{PROJECT}:") in CREDENTIAL_KEYS and _qualify(key) not in secret_keys:

@@ -247,6 +247,10 @@ def _path(text: str) -> Path:
     """A path flag, made absolute: grpc reads `unix://dir/x` as a host named dir."""
     if not text:
         raise argparse.ArgumentTypeError("empty: name a path")
+    try:  # a byte the shell passed that is not UTF-8: grpc addresses its sockets in UTF-8
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("not UTF-8: name a path in UTF-8") from None
     return Path(os.path.abspath(text))
 
 

@@ -76,14 +76,15 @@ def _acquire(plugin_dir: Path, poll: float = 1.0) -> socket.socket:
             other = holder(plugin_dir)
             if other is None and waiting_for is None:
                 logger.warning(
-                    "another rdma-device-plugin holds %s (it does not say its pid yet): waiting "
+                    "another instance of this program holds %s (it does not say its pid yet): "
+                    "waiting "
                     "for it to stop",
                     plugin_dir,
                 )
                 waiting_for = 0
             elif other is not None and other != waiting_for:
                 logger.warning(
-                    "another rdma-device-plugin (pid %d) serves %s: waiting for it to stop "
+                    "another instance of this program (pid %d) serves %s: waiting for it to stop "
                     "(two instances would take each other's socket)",
                     other,
                     plugin_dir,

@@ -1124,3 +1124,41 @@ def test_a_pulumi_yaml_without_its_config_section_says_so_once(tmp_path: Path, c
         "Pulumi.yaml: no config section (the project's keys, their types and defaults): "
         "restore it (git checkout Pulumi.yaml)"
     )
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("serviceCidr=172.16.0.1/32", "lingjun-rdma:serviceCidr: a /32, not /12 to /24"),
+        ("vpcCidr=192.168.0.0/30", "lingjun-rdma:vpcCidr: a /30, not /8 to /28"),
+        ("pluginImage=reg.example.com:99999/a/b:1", "its registry's port is not 1-65535"),
+        (
+            "vswitchCidrs=" + json.dumps([f"10.{i // 256}.{i % 256}.0/24" for i in range(151)]),
+            "lingjun-rdma:vswitchCidrs: 151 vSwitches, over a VPC's 150",
+        ),
+    ],
+    ids=["service-cidr-a-host", "vpc-too-small", "registry-port", "vswitches-past-quota"],
+)
+def test_a_value_the_cloud_would_refuse_later_is_refused_at_preview(
+    tmp_path: Path, setting: str, said: str
+) -> None:
+    done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--set={setting}", cwd=tmp_path)
+
+    assert done.returncode == 1, done.stderr
+    assert said in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_set_value_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "infra.render", "--stack", "dev", "--out", "out",
+         b"--set=registryUsername=a\xffb"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().endswith(
+        "--set registryUsername: its value is not UTF-8 text: retype it"
+    )
+    assert "Traceback" not in done.stderr

@@ -256,3 +256,13 @@ async def test_an_unknown_pool_key_is_named_when_it_is_a_known_ones_misspelling(
 
     assert said in output
     assert "zqxjwvkp" not in output
+
+
+def test_a_path_flag_that_is_not_utf8_is_refused_naming_it(plugin: PluginProcess) -> None:
+    done = subprocess.run(
+        [*plugin.argv(None), b"--device-plugin-dir=/tmp/dp\xff"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 2, done.stderr
+    assert "argument --device-plugin-dir: not UTF-8: name a path in UTF-8" in done.stderr

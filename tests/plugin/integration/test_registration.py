@@ -302,7 +302,7 @@ async def test_a_second_instance_on_the_same_dir_waits_and_takes_over_when_the_f
         assert plugin.proc is not None
         first_pid = plugin.proc.pid
 
-        waiting = f"another rdma-device-plugin (pid {first_pid}) serves"
+        waiting = f"another instance of this program (pid {first_pid}) serves"
         for _ in range(100):  # its log, polled: Python's start takes a while
             if waiting in second.output():
                 break
