@@ -108,8 +108,14 @@ class Preparer:
             self.claims[claim.uid] = done
             save_checkpoint(self.checkpoint, self.claims)
         name = spec_file(self.driver, claim.uid)
-        if not (self.cdi_dir / name).is_file():  # gone, or something else there: said by write
-            try:
+        found = _spec_there(self.cdi_dir / name)
+        if found != done.spec:
+            if found is not None and found.get("kind") != self.cdi_kind:
+                raise PrepareError(  # never overwritten: it is not a spec of ours
+                    f"--cdi-dir {self.cdi_dir}: {name} there is not a CDI spec of {self.cdi_kind}: "
+                    "move it away"
+                )
+            try:  # gone, or ours but stale; a directory or a FIFO there is said by the write
                 cdi.write_spec(self.cdi_dir, name, done.spec)
             except cdi.CdiError as exc:
                 raise PrepareError(str(exc)) from None
@@ -279,6 +285,18 @@ def load_checkpoint(path: Path) -> dict[str, Prepared]:
         os.replace(path, aside)
     logger.error("checkpoint %s cannot be read (%s): kept as %s", path, problem, aside)
     return {}
+
+
+def _spec_there(path: Path) -> dict[str, Any] | None:
+    """The spec a regular file at `path` holds; None when there is none to read (gone, not a
+    regular file); {} for text that is no JSON object (someone's file, a torn write of theirs)."""
+    try:
+        found = json.loads(read_text(path, CHECKPOINT_MAX_BYTES))
+    except UnreadableError:
+        return None
+    except (ValueError, RecursionError):
+        return {}
+    return cast(dict[str, Any], found) if isinstance(found, dict) else {}
 
 
 def _is_cdi_device(device: Any) -> bool:

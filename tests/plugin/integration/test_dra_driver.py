@@ -624,17 +624,44 @@ async def test_a_checkpoint_entry_not_as_the_driver_writes_it_is_left_out_the_re
     assert "claim u-2 is not as this driver writes it: left out" in driver.log.read_text()
 
 
-async def test_a_directory_where_a_claims_spec_goes_is_that_claims_error(
-    short_tmp: Path, tree: SysfsTree
+@pytest.mark.parametrize(
+    ("there", "said"),
+    [("dir", "cannot write"), ("notes", "is not a CDI spec of rdma.lingjun-rdma.io/hca")],
+    ids=["a-directory", "someones-file"],
+)
+async def test_what_is_not_our_spec_where_a_claims_spec_goes_is_that_claims_error(
+    short_tmp: Path, tree: SysfsTree, there: str, said: str
 ) -> None:
     driver = Driver(short_tmp, tree)
     _checkpoint(driver, {"u-1": GOOD_ENTRY})
-    (driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")).mkdir(parents=True)
+    path = driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")
+    path.parent.mkdir(parents=True)
+    if there == "dir":
+        path.mkdir()
+    else:
+        path.write_text("someone's notes\n")
     await driver.start()
     try:
         answer = await _prepare(driver, "u-1")
     finally:
         assert await driver.stop() == 0
 
-    assert "cannot write" in answer.error
+    assert said in answer.error
     assert not answer.devices
+    assert path.is_dir() or path.read_text() == "someone's notes\n"  # kept as it was
+
+
+async def test_a_stale_spec_of_ours_is_written_again(short_tmp: Path, tree: SysfsTree) -> None:
+    driver = Driver(short_tmp, tree)
+    _checkpoint(driver, {"u-1": GOOD_ENTRY})
+    path = driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**GOOD_ENTRY["spec"], "devices": []}))
+    await driver.start()
+    try:
+        answer = await _prepare(driver, "u-1")
+    finally:
+        assert await driver.stop() == 0
+
+    assert answer.error == ""
+    assert json.loads(path.read_text()) == GOOD_ENTRY["spec"]
