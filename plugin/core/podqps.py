@@ -22,8 +22,8 @@ PROC = Path("/proc")
 _POD_UID = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
 )
-# Series per HCA: more pods than a node runs (the kubelet's default max is 110); past it, the
-# rest are summed under uid="other", so that a leak of short-lived pods cannot grow the scrape.
+# Pods with series of their own on a node: more than a node runs (the kubelet's default max is
+# 110); past it, the rest are summed under uid="other", so no pod churn can grow the scrape.
 MAX_PODS = 250
 OTHER = "other"
 POD_QPS = "rdma_pod_qps"
