@@ -158,10 +158,19 @@ def pulumi_cli() -> auto.PulumiCommand:
     """The `pulumi` CLI on PATH, checked to run and to be new enough for the Automation API."""
     found = shutil.which("pulumi")
     if found is None:
-        present = [d for d in os.get_exec_path() if os.path.isfile(os.path.join(d, "pulumi"))]
+        present = [d for d in os.get_exec_path() if os.path.lexists(os.path.join(d, "pulumi"))]
         if present:
             where = os.path.join(present[0], "pulumi")
-            raise DeployError(f"{where}: not executable (chmod +x it), or: {INSTALL}")
+            if os.path.isfile(where):
+                raise DeployError(f"{where}: not executable (chmod +x it), or: {INSTALL}")
+            what = (
+                "a directory"
+                if os.path.isdir(where)
+                else "a symbolic link to nothing (or a loop)"
+                if os.path.islink(where)
+                else "not a file"
+            )
+            raise DeployError(f"{where}: {what}, not the CLI: {INSTALL}")
         raise DeployError(f"no `pulumi` CLI on PATH: {INSTALL}")
     try:  # first with a bound: the Automation API's own check would wait forever
         _version_within(found, _VERSION_TIMEOUT)

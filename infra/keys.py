@@ -4,6 +4,7 @@ duration keys' ranges."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -118,10 +119,9 @@ class Keys(BaseModel):
         return self.cluster_mode == "create"
 
 
-# A duration in one whole unit: what Pulumi's custom timeouts and activeDeadlineSeconds share.
-# A duration in one whole unit: what Pulumi's custom timeouts and activeDeadlineSeconds share.
-_DURATION = re.compile(r"([0-9]+)(s|m|h)")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
+# A duration of whole hours, minutes and seconds (1h30m): what Pulumi's custom timeouts (Go's
+# durations) and activeDeadlineSeconds share.
+_DURATION = re.compile(r"(?=[0-9])(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
 # The range of each duration key, in seconds: a day for one DaemonSet rollout, a week for a
 # sample Job (activeDeadlineSeconds); from 1 s, what a test of the deadline itself needs.
 DURATION_RANGES = {"pluginAwaitTimeout": (1, 86400), "jobAwaitTimeout": (1, 7 * 86400)}
@@ -134,7 +134,9 @@ def seconds(key: str, text: str, example: str) -> tuple[int | None, list[str]]:
     if match is None:
         why = f"not a duration like {example} (got {described(text)})"
     else:  # digits bounded before int(): Python refuses over 4300 of them
-        seconds = int(match[1]) * _UNIT_SECONDS[match[2]] if len(match[1]) <= 9 else high + 1
+        parts = [(n or "0", size) for n, size in zip(match.groups(), (3600, 60, 1), strict=True)]
+        too_long = any(len(n) > 9 for n, _ in parts)
+        seconds = high + 1 if too_long else sum(int(n) * size for n, size in parts)
         if low <= seconds <= high:
             return seconds, []
         why = f"not within {format_seconds(low)}..{format_seconds(high)}"
@@ -163,11 +165,23 @@ def known_keys() -> frozenset[str]:
     return frozenset(KNOWN_KEYS)
 
 
+def _near(namespace: str, project: str) -> bool:
+    return difflib.SequenceMatcher(None, namespace, project).ratio() >= 0.75
+
+
 def unknown_key_problems(keys: Iterable[str]) -> list[str]:
     """A line per key of the namespace that this project does not know (a misspelling)."""
     prefix = f"{PROJECT}:"
-    unknown = sorted({k.removeprefix(prefix) for k in keys if k.startswith(prefix)} - KNOWN_KEYS)
+    keys = list(keys)
     problems: list[str] = []
+    for key in sorted(keys):  # our key under a misspelt project name is silently nobody's
+        namespace, sep, name = key.partition(":")
+        if sep and namespace != PROJECT and name in KNOWN_KEYS and _near(namespace, PROJECT):
+            problems.append(
+                f"{qualified(name)}: given as {namespace}:{name}, a namespace this program does "
+                f"not read: did you mean {qualified(name)}? (pulumi config rm {key})"
+            )
+    unknown = sorted({k.removeprefix(prefix) for k in keys if k.startswith(prefix)} - KNOWN_KEYS)
     for key in unknown:
         name, fix = unknown_key(key, KNOWN_KEYS)
         if name == key:  # a misspelling: named, with the command that removes it

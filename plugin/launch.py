@@ -243,6 +243,17 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+_FLOAT = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?")
+
+
+def _float(text: str) -> float:
+    """A number as written in ASCII decimal notation: float() alone would also take 1_0, other
+    scripts' digits, spaces and nan (each range then speaks of what was not typed)."""
+    if not _FLOAT.fullmatch(text.removeprefix("-")) or len(text) > 32:
+        raise argparse.ArgumentTypeError("not a number like 5 or 0.5")
+    return float(text)
+
+
 def _path(text: str) -> Path:
     """A path flag, made absolute: grpc reads `unix://dir/x` as a host named dir."""
     if not text:
@@ -287,7 +298,7 @@ def parse(
     for f in fields(spec_type):
         default = getattr(defaults, f.name)
         kind: Callable[[str], object] = (
-            float
+            _float
             if isinstance(default, float)
             else str
             if isinstance(default, str)

@@ -47,7 +47,10 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, prog: str, description: str | None) -> None:
         super().__init__(
-            prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+            prog=prog,
+            description=description,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            allow_abbrev=False,  # --rescan for --rescan-interval: a later flag would change it
         )
 
     def print_help(self, file: SupportsWrite[str] | None = None) -> None:

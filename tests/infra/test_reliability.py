@@ -25,6 +25,7 @@ from infra.credentials import kubeconfig_credential
 from infra.images import reference_problem
 from infra.jobs import JOB_RANGES, JobSpecError, RdmaJobSpec
 from infra.keys import DURATION_RANGES, PROJECT, PROJECT_DIR, StackConfigError, format_seconds
+from infra.keys import seconds as keys_seconds
 from infra.render import MARKER, OutputError, _remove_render, render
 from infra.stackfiles import StackFileError, stack_config
 from plugin.config import MAX_ALLOCATIONS_LIMIT, MAX_POOLS
@@ -241,6 +242,10 @@ def _fake_pulumi(directory: Path, script: str) -> str:
          "Minimum version requirement failed"),
         (lambda d: _fake_pulumi(d, "#!/bin/sh\nexit 3\n"), (), "`pulumi version` exited with 3"),
         (lambda d: _fake_pulumi(d, "not a program"), (), "cannot be run ("),
+        (lambda d: (d / "pulumi").mkdir(parents=True) or f"{d}:/usr/bin:/bin", (),
+         "pulumi: a directory, not the CLI"),
+        (lambda d: d.mkdir() or (d / "pulumi").symlink_to("/nowhere") or f"{d}:/usr/bin:/bin",
+         (), "pulumi: a symbolic link to nothing (or a loop), not the CLI"),
         (lambda d: _fake_pulumi(d, "#!/bin/sh\nprintf 'v3.2\\377\\n'\n"), (),
          "`pulumi version` printed bytes that are not text, not a version"),
         (lambda d: _fake_pulumi(d, "#!/nonexistent/sh\necho v3.277.0\n"), (),
@@ -249,8 +254,8 @@ def _fake_pulumi(directory: Path, script: str) -> str:
          "deploy: --project-dir /nonexistent: no Pulumi.yaml there"),
         (lambda d: None, ("--stack", "nope"), "deploy: --stack nope: no "),
     ],
-    ids=["no-cli", "too-old", "broken", "not-a-program", "not-utf8", "no-interpreter",
-         "no-project", "no-stack"],
+    ids=["no-cli", "too-old", "broken", "not-a-program", "a-directory", "a-dangling-link",
+         "not-utf8", "no-interpreter", "no-project", "no-stack"],
 )  # fmt: skip
 def test_deploy_that_cannot_start_says_why_in_one_line(
     tmp_path: Path, setup: object, args: tuple[str, ...], said: str
@@ -1162,3 +1167,21 @@ def test_a_set_value_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
         "--set registryUsername: its value is not UTF-8 text: retype it"
     )
     assert "Traceback" not in done.stderr
+
+
+def test_a_key_under_a_misspelt_project_name_is_named_with_ours(tmp_path: Path) -> None:
+    done = _cli(
+        "infra.render", "--stack", "local", "--out", "out",
+        "--set=lingjun-rmda:rdmaPodQps=true", cwd=tmp_path,
+    )  # fmt: skip
+
+    assert done.returncode == 1, done.stderr
+    assert (
+        "lingjun-rdma:rdmaPodQps: given as lingjun-rmda:rdmaPodQps, a namespace this program does "
+        "not read: did you mean lingjun-rdma:rdmaPodQps?"
+    ) in done.stderr
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("1h30m", 5400), ("2h0m5s", 7205), ("90s", 90)])
+def test_a_duration_of_several_units_is_taken_as_go_writes_it(text: str, seconds: int) -> None:
+    assert keys_seconds("jobAwaitTimeout", text, "30m") == (seconds, [])
