@@ -245,15 +245,16 @@ class KubeApi:
         if response.status >= 300:
             try:
                 said = str(json.loads(text).get("message", text))
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError, RecursionError):
                 said = text
+            said = said or response.reason  # a redirect, a bare 5xx: its status line says
             if self.token:  # a proxy may echo the Authorization header: never logged
                 said = said.replace(self.token, "<token>")
             said = said if len(said) <= _SAID else f"{said[:_SAID]}… ({len(said)} characters)"
             raise KubeApiError(f"{method} {path}: {response.status} {said}", response.status)
         try:
             return json.loads(text) if text else None
-        except ValueError:  # a proxy's page in the way, a server that is not Kubernetes
+        except (ValueError, RecursionError):  # a proxy's page, a server that is not Kubernetes
             raise KubeApiError(
                 f"{method} {path}: {response.status}, but the answer is not JSON "
                 f"({len(text)} characters): is the kubeconfig's server an API server?",

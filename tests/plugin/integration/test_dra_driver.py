@@ -339,11 +339,13 @@ class OddApi:
         (403, json.dumps({"message": f"token Bearer {TOKEN} may not"}).encode(),
          "403 token Bearer <token> may not"),
         (200, b"[]", "the answer is not a list of ResourceSlices"),
+        (200, b"[" * 100_000 + b"]" * 100_000, "the answer is not JSON"),
+        (302, b"", "302 Found"),
         (200, b'{"items": "x"}', "the answer is not a list of ResourceSlices"),
         (200, b'{"items": [{"spec": {}}]}', "the answer is not a list of ResourceSlices"),
     ],
-    ids=["not-json", "huge-error", "echoes-the-token", "a-list", "items-not-a-list",
-         "items-without-metadata"],
+    ids=["not-json", "huge-error", "echoes-the-token", "a-list", "nested-deep", "a-redirect",
+         "items-not-a-list", "items-without-metadata"],
 )  # fmt: skip
 async def test_an_odd_api_answer_is_one_bounded_line_and_the_driver_serves_on(
     short_tmp: Path, tree: SysfsTree, status: int, body: bytes, said: str
