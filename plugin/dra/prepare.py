@@ -214,7 +214,10 @@ class Preparer:
                 answer = self.api.call("GET", path)
                 if not isinstance(answer, dict):
                     raise KubeApiError(f"GET {path}: the answer is not a Pod")
-                spec = cast(dict[str, Any], cast(dict[str, Any], answer).get("spec") or {})
+                found: Any = cast(dict[str, Any], answer).get("spec") or {}
+                if not isinstance(found, dict):
+                    raise KubeApiError(f"GET {path}: the answer's spec is not a mapping")
+                spec = cast(dict[str, Any], found)
             except KubeApiError as exc:
                 logger.warning(
                     "claim %s/%s: no NCCL settings in its spec: cannot read pod %s (%s)",
