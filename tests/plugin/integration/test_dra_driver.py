@@ -204,6 +204,20 @@ def test_what_the_driver_refuses_is_one_line(args: tuple[str, ...], said: str) -
     assert "S3cret" not in done.stderr
 
 
+def _driver_with(
+    root: Path, cluster: dict[str, object], user: object
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The driver from its CLI with a kubeconfig of `cluster` and `user`, expected to stop."""
+    kubeconfig = root / "kubeconfig"
+    kubeconfig.write_text(json.dumps(_kubeconfig(cluster, user)))
+    done = subprocess.run(
+        [sys.executable, "-m", "plugin.dra", "--discovery", "sysfs", "--node-name", "n1",
+         "--kubeconfig", str(kubeconfig)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    return kubeconfig, done
+
+
 def _kubeconfig(cluster: dict[str, object], user: object) -> dict[str, object]:
     return {
         "clusters": [{"name": "c", "cluster": cluster}],
@@ -272,14 +286,7 @@ def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
     if isinstance(user, dict) and user.get("tokenFile") == "FIFO":
         os.mkfifo(tmp_path / "fifo")
         user = {"tokenFile": str(tmp_path / "fifo")}
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps(_kubeconfig(cluster, user)))
-
-    done = subprocess.run(
-        [sys.executable, "-m", "plugin.dra", "--discovery", "sysfs", "--node-name", "n1",
-         "--kubeconfig", str(kubeconfig)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    kubeconfig, done = _driver_with(tmp_path, cluster, user)
 
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.splitlines()
@@ -519,15 +526,8 @@ def test_a_cert_and_a_key_that_do_not_match_are_named_together(tmp_path: Path) -
             check=True, capture_output=True,
         )  # fmt: skip
     user = {"client-certificate": str(tmp_path / "a.crt"), "client-key": str(tmp_path / "b.key")}
-    kubeconfig = tmp_path / "kubeconfig"
     cluster = {"server": SERVER, "insecure-skip-tls-verify": True}
-    kubeconfig.write_text(json.dumps(_kubeconfig(cluster, user)))
-
-    done = subprocess.run(
-        [sys.executable, "-m", "plugin.dra", "--discovery", "sysfs", "--node-name", "n1",
-         "--kubeconfig", str(kubeconfig)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    _, done = _driver_with(tmp_path, cluster, user)
 
     assert done.returncode == 2, done.stderr
     assert ": client-certificate and client-key: " in done.stderr
