@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 from urllib.parse import urlencode, urlsplit
 
+from plugin.core.terminal import one_line
 from plugin.core.userfiles import ParseError, UnreadableError, described, parse_yaml, read_text
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _TIMEOUT = 15.0
 # A token file's size at most (a service account's JWT is about 1 KB).
 _TOKEN_MAX = 64 * 1024
-# The most of an API server's error message said (a proxy in the way can answer megabytes).
-_SAID = 300
 # A bearer token: visible ASCII (RFC 6750's b64token and more), as a header carries it.
 _TOKEN = re.compile(r"[\x21-\x7e]+")
 
@@ -250,7 +249,7 @@ class KubeApi:
             said = said or response.reason  # a redirect, a bare 5xx: its status line says
             if self.token:  # a proxy may echo the Authorization header: never logged
                 said = said.replace(self.token, "<token>")
-            said = said if len(said) <= _SAID else f"{said[:_SAID]}… ({len(said)} characters)"
+            said = one_line(said)
             raise KubeApiError(f"{method} {path}: {response.status} {said}", response.status)
         try:
             return json.loads(text) if text else None

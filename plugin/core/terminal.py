@@ -1,11 +1,13 @@
-"""What the project's command-line programs print: help on stdout, one line per problem on
-stderr. Neither ends in a traceback when its stream cannot take it (full, closed): the exit
-code still says what happened."""
+"""What the project's programs print: help and output on stdout, one line per problem on
+stderr, a peer's words quoted as one bounded line. Neither stream ends in a traceback when it
+cannot take what is written (full, closed): the exit code still says what happened."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import os
 import re
 import signal
 import sys
@@ -20,6 +22,34 @@ def say(line: str) -> None:
     if sys.stderr is not None:
         with contextlib.suppress(OSError):
             print(line, file=sys.stderr, flush=True)
+
+
+def write_stdout(text: str) -> None:
+    """`text` on stdout, or OSError. A stdout that failed is pointed at /dev/null: Python's
+    flush at exit would otherwise print its own BrokenPipeError and exit 120."""
+    try:
+        if sys.stdout is None:
+            raise OSError(errno.EBADF, "stdout is closed")
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError:
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise
+
+
+# Control characters, and the Unicode line and paragraph separators: what would break a log
+# line, or forge one.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+PEER_TEXT_MAX = 300
+
+
+def one_line(text: str, limit: int = PEER_TEXT_MAX) -> str:
+    """Text a peer sent (a kubelet's refusal, an API server's message, a claim's name) as one
+    bounded line: cut at `limit` characters, its control characters escaped."""
+    if len(text) > limit:
+        text = f"{text[:limit]}… ({len(text)} characters)"
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 _ARGPARSE_QUOTED = re.compile(r"(invalid [a-z_]+ value|invalid choice): '.*?'(?= \(choose|$)", re.S)
@@ -55,10 +85,7 @@ class Parser(argparse.ArgumentParser):
 
     def print_help(self, file: SupportsWrite[str] | None = None) -> None:
         try:  # the help goes to stdout (argparse passes no other file for it)
-            if sys.stdout is None:
-                raise OSError("stdout is closed")
-            sys.stdout.write(self.format_help())
-            sys.stdout.flush()
+            write_stdout(self.format_help())
         except OSError as exc:
             say(f"{self.prog}: cannot write the help to stdout ({exc.strerror or exc})")
             sys.exit(1)

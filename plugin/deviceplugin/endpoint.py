@@ -23,6 +23,7 @@ from plugin.core.sockets import (
     grpc_target,
     inode,
 )
+from plugin.core.terminal import one_line
 from plugin.core.userfiles import file_kind
 from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.deviceplugin.servicer import DevicePluginServicer
@@ -320,7 +321,10 @@ class Endpoint:
                             f"{_REGISTER_TIMEOUT:.0f}s (a hung kubelet?)"
                         )
                     elif isinstance(exc, grpc.aio.AioRpcError):
-                        why = f"the kubelet refused Register ({exc.code().name}: {exc.details()})"
+                        why = (
+                            f"the kubelet refused Register ({exc.code().name}: "
+                            f"{one_line(exc.details() or '')})"
+                        )
                     elif isinstance(exc, UnreachableError):
                         why = f"waiting for the kubelet: {kubelet} {exc}"
                     else:

@@ -22,7 +22,7 @@ from plugin.core.metrics import serve_http
 from plugin.core.node_events import NodeEvents
 from plugin.core.problems import REGISTRATION, Problem
 from plugin.core.sockets import bind_problem, clear_stale_socket, grpc_target
-from plugin.core.terminal import say
+from plugin.core.terminal import one_line, say
 from plugin.core.userfiles import why_not_writable
 from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from plugin.dra.prepare import Preparer
@@ -81,6 +81,7 @@ async def run(
     def on_status(ok: bool, error: str) -> None:
         nonlocal registered
         registered = ok
+        error = one_line(error)  # the kubelet's words
         refused[:] = [] if ok else [Problem(REGISTRATION, f"the kubelet refused {driver}: {error}")]
         if ok:
             logger.info("registered with the kubelet as %s", driver)

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from plugin.core.discovery.model import Hca
 from plugin.core.gidchoice import NoGidError, choose
 from plugin.core.kubeapi import KubeApi, KubeApiError
 from plugin.core.netaddrs import namespace_addresses
-from plugin.core.userfiles import UnreadableError, read_text, write_atomically
+from plugin.core.userfiles import UnreadableError, read_text, shown, write_atomically
 from plugin.dra.devices import SliceDevice, slice_devices
 from plugin.launch import HCAS_ENV, family_for
 
@@ -39,11 +40,32 @@ class PrepareError(RuntimeError):
     """Why a claim cannot be prepared (or unprepared) now; the kubelet retries."""
 
 
+# What Kubernetes allows in a namespace (a DNS label), a claim's or a pod's name (a DNS
+# subdomain) and a UID. They reach API paths and file names: anything else from a peer (`../`,
+# a line break) is refused, never used.
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_UID = re.compile(r"[A-Za-z0-9-]{1,128}")
+
+
+def _checked(what: str, value: str, form: re.Pattern[str], kind: str) -> str:
+    if not form.fullmatch(value):
+        raise PrepareError(f"the kubelet's {what} {shown(value)} is not {kind}: not used")
+    return value
+
+
 @dataclass(frozen=True)
 class ClaimRef:
+    """A claim as the kubelet names it, checked: each part is one Kubernetes allows."""
+
     namespace: str
     uid: str
     name: str
+
+    def __post_init__(self) -> None:
+        _checked("claim namespace", self.namespace, _LABEL, "a namespace (a DNS label)")
+        _checked("claim UID", self.uid, _UID, "a UID")
+        _checked("claim name", self.name, _SUBDOMAIN, "a name (a DNS subdomain)")
 
 
 @dataclass(frozen=True)
@@ -209,8 +231,11 @@ class Preparer:
         if not pods or len(pods) != len(consumers):
             return False
         for pod in pods:
-            path = f"/api/v1/namespaces/{claim.namespace}/pods/{pod.get('name', '')}"
             try:
+                name = str(pod.get("name"))
+                if not _SUBDOMAIN.fullmatch(name):
+                    raise KubeApiError(f"the name {shown(name)} is not a DNS subdomain")
+                path = f"/api/v1/namespaces/{claim.namespace}/pods/{name}"
                 answer = self.api.call("GET", path)
                 if not isinstance(answer, dict):
                     raise KubeApiError(f"GET {path}: the answer is not a Pod")
@@ -220,8 +245,8 @@ class Preparer:
                 spec = cast(dict[str, Any], found)
             except KubeApiError as exc:
                 logger.warning(
-                    "claim %s/%s: no NCCL settings in its spec: cannot read pod %s (%s)",
-                    claim.namespace, claim.name, pod.get("name"), exc,
+                    "claim %s/%s: no NCCL settings in its spec: cannot read a pod it is "
+                    "reserved for (%s)", claim.namespace, claim.name, exc,
                 )  # fmt: skip
                 return False
             if spec.get("hostNetwork") is not True:
@@ -229,10 +254,11 @@ class Preparer:
         return True
 
     def _allocated(self, claim: ClaimRef, obj: dict[str, Any]) -> list[dict[str, Any]]:
-        if obj["metadata"].get("uid") != claim.uid:
+        found = obj["metadata"].get("uid")
+        if found != claim.uid:
             raise PrepareError(
-                f"claim {claim.namespace}/{claim.name} has UID {obj['metadata'].get('uid')}, not "
-                f"{claim.uid}: it was deleted and made again"
+                f"claim {claim.namespace}/{claim.name} has UID {shown(found)}, not {claim.uid}: "
+                "it was deleted and made again"
             )
         status = cast(dict[str, Any], obj.get("status") or {})
         allocation = cast(dict[str, Any], status.get("allocation") or {})

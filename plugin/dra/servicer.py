@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 
+from plugin.core.terminal import one_line
 from plugin.dra.api.dra.v1 import api_pb2 as v1
 from plugin.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
 from plugin.dra.api.dra.v1beta1 import api_pb2 as v1beta1
@@ -39,12 +40,12 @@ class _Claims:
         """Claim UID -> its devices, or why it cannot be prepared now."""
         answers: dict[str, tuple[PreparedDevice, ...] | str] = {}
         for claim in claims:
-            ref = ClaimRef(claim.namespace, claim.uid, claim.name)
             try:
+                ref = ClaimRef(claim.namespace, claim.uid, claim.name)
                 async with self.lock:
                     answers[claim.uid] = await asyncio.to_thread(self.preparer.prepare, ref)
             except (PrepareError, OSError) as exc:
-                logger.warning("prepare %s/%s: %s", claim.namespace, claim.name, exc)
+                logger.warning("prepare %s: %s", _named(claim), exc)
                 answers[claim.uid] = str(exc)
         return answers
 
@@ -53,15 +54,19 @@ class _Claims:
         answers: dict[str, str] = {}
         for claim in claims:
             try:
+                ref = ClaimRef(claim.namespace, claim.uid, claim.name)
                 async with self.lock:
-                    await asyncio.to_thread(
-                        self.preparer.unprepare, ClaimRef(claim.namespace, claim.uid, claim.name)
-                    )
+                    await asyncio.to_thread(self.preparer.unprepare, ref)
                 answers[claim.uid] = ""
-            except OSError as exc:
-                logger.warning("unprepare %s/%s: %s", claim.namespace, claim.name, exc)
+            except (PrepareError, OSError) as exc:
+                logger.warning("unprepare %s: %s", _named(claim), exc)
                 answers[claim.uid] = str(exc)
         return answers
+
+
+def _named(claim: Any) -> str:
+    """A claim as the kubelet named it, for a log line (its parts may not be checked yet)."""
+    return one_line(f"{claim.namespace}/{claim.name}", 130)
 
 
 class V1Servicer(v1_grpc.DRAPluginServicer):

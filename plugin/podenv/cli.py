@@ -30,7 +30,7 @@ from plugin.core.discovery.model import Hca
 from plugin.core.discovery.sysfs import SysfsDiscovery
 from plugin.core.gidchoice import COMPUTED, Choice, NoGidError, choose
 from plugin.core.netaddrs import namespace_addresses
-from plugin.core.terminal import Parser, say
+from plugin.core.terminal import Parser, say, write_stdout
 from plugin.core.userfiles import described, why_not_writable, write_atomically
 from plugin.launch import (
     HCAS_ENV,
@@ -159,10 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render(choice, extra)
     try:
         if args.out is None:
-            if sys.stdout is None:
-                raise OSError(errno.EBADF, "stdout is closed")
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            write_stdout(text)
         else:
             write_atomically(args.out, text)
     except OSError as exc:

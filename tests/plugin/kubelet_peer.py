@@ -44,6 +44,7 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
         # dir at that moment (it deletes every socket there) can be staged here.
         self.on_register: Callable[[api_pb2.RegisterRequest], None] | None = None
         self.dial_timeout = 10.0
+        self.refusal: str | None = None  # set: Register is refused with these words
 
     # -- the Registration service ----------------------------------------------------------
     async def Register(
@@ -53,6 +54,8 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
     ) -> api_pb2.Empty:
         if request.version != "v1beta1":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unsupported version")
+        if self.refusal is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.refusal)
         if self.on_register is not None:
             self.on_register(request)
         channel = grpc.aio.insecure_channel(

@@ -141,9 +141,15 @@ async def test_registered_on_metrics_follows_the_kubelets_registration_status(
         await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True))
         assert await asyncio.to_thread(registered) == f"{sample} 1.0"
         await stub.NotifyRegistrationStatus(
-            reg.RegistrationStatus(plugin_registered=False, error="version not supported")
+            reg.RegistrationStatus(
+                plugin_registered=False, error="version not supported\nINJECTED" + "x" * 5000
+            )
         )
     assert await asyncio.to_thread(registered) == f"{sample} 0.0"
+    lines = driver.log.read_text().splitlines()
+    (said,) = (line for line in lines if "the kubelet refused the registration" in line)
+    assert said.endswith(": version not supported\\nINJECTED" + "x" * 270 + "… (5030 characters)")
+    assert not [line for line in lines if line.startswith("INJECTED")]
 
 
 async def test_a_claim_that_cannot_be_read_is_an_error_for_that_claim_and_the_driver_serves_on(
@@ -296,10 +302,12 @@ def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
 
 
 class OddApi:
-    """An HTTPS server that gives every request the same answer: what a proxy in the way, or a
-    failing API server, says."""
+    """An HTTPS server that gives every request the same answer (`by_path` excepted): what a
+    proxy in the way, or a failing API server, says."""
 
-    def __init__(self, root: Path, status: int, body: bytes) -> None:
+    def __init__(
+        self, root: Path, status: int, body: bytes, by_path: dict[str, bytes] | None = None
+    ) -> None:
         key, cert = root / "api.key", root / "api.crt"
         subprocess.run(
             ["openssl", "req", "-x509", "-nodes", "-newkey", "rsa:2048", "-days", "1",
@@ -309,10 +317,11 @@ class OddApi:
 
         class Answer(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                answer = (by_path or {}).get(self.path.partition("?")[0], body)
                 self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(answer)
 
             def do_POST(self) -> None:
                 self.do_GET()
@@ -348,11 +357,12 @@ class OddApi:
         (200, b"[]", "the answer is not a list of ResourceSlices"),
         (200, b"[" * 100_000 + b"]" * 100_000, "the answer is not JSON"),
         (302, b"", "302 Found"),
+        (500, json.dumps({"message": "one\nINJECTED two"}).encode(), "500 one\\nINJECTED two"),
         (200, b'{"items": "x"}', "the answer is not a list of ResourceSlices"),
         (200, b'{"items": [{"spec": {}}]}', "the answer is not a list of ResourceSlices"),
     ],
     ids=["not-json", "huge-error", "echoes-the-token", "a-list", "nested-deep", "a-redirect",
-         "items-not-a-list", "items-without-metadata"],
+         "line-break", "items-not-a-list", "items-without-metadata"],
 )  # fmt: skip
 async def test_an_odd_api_answer_is_one_bounded_line_and_the_driver_serves_on(
     short_tmp: Path, tree: SysfsTree, status: int, body: bytes, said: str
@@ -376,6 +386,7 @@ async def test_an_odd_api_answer_is_one_bounded_line_and_the_driver_serves_on(
     assert "Traceback" not in log
     assert TOKEN not in log
     assert max(len(line) for line in log.splitlines()) < 1000
+    assert not [line for line in log.splitlines() if line.startswith("INJECTED")]
     assert code == 0
 
 
@@ -576,6 +587,87 @@ async def test_a_claim_of_another_shape_is_that_claims_error(
     assert error.startswith("claim default/c: ")
     assert "the API server's answer is not a ResourceClaim" in error
     assert "Traceback" not in driver.log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("namespace", "uid", "name", "said"),
+    [
+        ("..", "u-1", "c", "the kubelet's claim namespace '..' is not a namespace (a DNS label)"),
+        ("default", "../../x", "c", "the kubelet's claim UID '../../x' is not a UID"),
+        ("default", "u-1", "c\nINJECTED", "the kubelet's claim name 'c\\nINJECTED' is not a name"),
+        ("default", "u-1", "c" * 254, "' (254 characters) is not a name (a DNS subdomain)"),
+    ],
+    ids=["namespace-dotdot", "uid-a-path", "name-line-break", "name-too-long"],
+)
+async def test_a_claim_named_as_kubernetes_never_names_one_is_that_claims_error(
+    short_tmp: Path, tree: SysfsTree, namespace: str, uid: str, name: str, said: str
+) -> None:
+    api = OddApi(short_tmp, 200, _claim([]))  # never asked: the name is refused first
+    driver = Driver(short_tmp, tree, api.url)
+    await driver.start()
+    claim = v1.Claim(namespace=namespace, uid=uid, name=name)
+    try:
+        target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
+        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+            stub = v1_grpc.DRAPluginStub(channel)
+            prepared = await stub.NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[claim]), timeout=30
+            )
+            unprepared = await stub.NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=[claim]), timeout=30
+            )
+    finally:
+        assert await driver.stop() == 0
+        api.close()
+
+    assert said in prepared.claims[uid].error
+    assert said in unprepared.claims[uid].error
+    assert not prepared.claims[uid].devices
+    written = await asyncio.to_thread(lambda: list(short_tmp.rglob("*x.json")))
+    assert not written  # no file named after the UID anywhere
+    log = driver.log.read_text()
+    assert not [line for line in log.splitlines() if line.startswith("INJECTED")]
+    assert "Traceback" not in log
+
+
+@pytest.mark.parametrize(
+    ("pod", "said"),
+    [(b'{"spec": "x"}', "the answer's spec is not a mapping"),
+     (b'{"spec": {"hostNetwork": true}}', "the name '../p' is not a DNS subdomain")],
+    ids=["spec-text", "pod-name-a-path"],
+)  # fmt: skip
+async def test_a_pod_that_cannot_be_read_gives_its_claim_no_nccl_settings_and_the_claim_is_prepared(
+    short_tmp: Path, tree: SysfsTree, pod: bytes, said: str
+) -> None:
+    name = "../p" if "../p" in said else "p"
+    status = {
+        "allocation": {"devices": {"results": [
+            {"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]}},
+        "reservedFor": [{"resource": "pods", "name": name, "uid": "p-1"}],
+    }  # fmt: skip
+    api = OddApi(
+        short_tmp, 200, _claim([], status), by_path={"/api/v1/namespaces/default/pods/p": pod}
+    )
+    driver = Driver(short_tmp, tree, api.url)
+    await driver.start()
+    try:
+        answer = await _prepare(driver, "u-1")
+    finally:
+        assert await driver.stop() == 0
+        api.close()
+
+    assert answer.error == ""
+    assert [d.device_name for d in answer.devices] == ["hca-0"]
+    spec = json.loads((driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")).read_text())
+    (env,) = {tuple(d["containerEdits"]["env"]) for d in spec["devices"]}
+    assert [e for e in env if e.startswith("LINGJUN_RDMA_HCAS=")]
+    assert not [e for e in env if e.startswith("NCCL_")]
+    log = driver.log.read_text()
+    assert (
+        "claim default/c: no NCCL settings in its spec: cannot read a pod it is reserved for" in log
+    )
+    assert said in log
+    assert "Traceback" not in log
 
 
 def _checkpoint(driver: Driver, claims: dict[str, object]) -> Path:

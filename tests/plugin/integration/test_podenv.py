@@ -309,15 +309,27 @@ def test_hca_names_are_trimmed_and_deduplicated(tree: SysfsTree, pod_netns: str)
     assert "NCCL_IB_HCA==mlx5_0:1" in done.stdout.splitlines()
 
 
-def test_a_full_stdout_is_one_line(tree: SysfsTree, pod_netns: str) -> None:
+@pytest.mark.parametrize(
+    ("stdout", "said"),
+    [("full", "No space left on device"), ("closed-pipe", "Broken pipe")],
+)
+def test_a_stdout_that_cannot_take_it_is_one_line(
+    tree: SysfsTree, pod_netns: str, stdout: str, said: str
+) -> None:
     _address(pod_netns, f"{POD_A}/64")
-
-    with open("/dev/full", "w") as full:
+    if stdout == "full":
+        out = os.open("/dev/full", os.O_WRONLY)
+    else:  # `podenv | head -c0`: the reader is gone
+        reader, out = os.pipe()
+        os.close(reader)
+    try:
         done = subprocess.run(
             ["ip", "netns", "exec", pod_netns, sys.executable, "-m", "plugin.podenv",
              "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0"],
-            cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+            cwd=REPO, stdout=out, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
         )  # fmt: skip
+    finally:
+        os.close(out)
 
     assert done.returncode == 2
-    assert done.stderr.splitlines() == ["lingjun-rdma podenv: stdout: No space left on device"]
+    assert done.stderr.splitlines() == [f"lingjun-rdma podenv: stdout: {said}"]

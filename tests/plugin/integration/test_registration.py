@@ -341,3 +341,18 @@ async def test_a_register_in_flight_when_its_socket_is_deleted_is_abandoned_at_o
     await kubelet.wait_registrations(2, limit=15.0)
     assert staged == [SOCKET]
     assert "changed while registering: starting over" in plugin.output()
+
+
+async def test_the_kubelets_refusal_is_quoted_as_one_bounded_line(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    kubelet.refusal = "resource taken\nINJECTED line" + "x" * 5000
+
+    await plugin.start()
+    said = await plugin.said("the kubelet refused Register")
+
+    assert "(FAILED_PRECONDITION: resource taken\\nINJECTED linexxx" in said
+    assert "… (5028 characters)" in said
+    lines = plugin.output().splitlines()
+    assert not [line for line in lines if line.startswith("INJECTED")]
+    assert max(len(line) for line in lines) < 1000
