@@ -495,9 +495,14 @@ def _check_names(k: Keys) -> list[str]:
     }
     for key, value in ids.items():
         if value is not None and not _CLOUD_ID.fullmatch(value):
+            fix = (  # a list's item is set by its path
+                f"(pulumi config set --path '{_key(key)}' <id>)"
+                if "[" in key
+                else _set(key, "<id>")
+            )
             problems.append(
                 f"{_key(key)}: not an Alibaba Cloud ID or name (letters, "
-                f"digits, '.', '_', ':', '-'; at most 128) {_set(key.split('[')[0], '<id>')}"
+                f"digits, '.', '_', ':', '-'; at most 128) {fix}"
             )
     if k.namespace in _SYSTEM_NAMESPACES:
         problems.append(

@@ -15,6 +15,8 @@ _REFERENCE = re.compile(
     rf"(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*(?::{_TAG})?(?:@{_DIGEST})?"
 )
 MAX_NAME_LENGTH = 255  # the repository name, domain included
+# What a runtime takes after the grammar (go-digest): a known algorithm, its hex lower case.
+_DIGEST_HEX = {"sha256": 64, "sha384": 96, "sha512": 128}
 FORM = "[registry[:port]/]repository[:tag][@sha256:digest]"
 
 
@@ -31,10 +33,18 @@ def reference_problem(image: str) -> str | None:
             if login
             else ""
         )
+    name, _, digest = image.partition("@")
+    algorithm, _, hex_ = digest.partition(":")
+    if digest and not (
+        len(hex_) == _DIGEST_HEX.get(algorithm) and hex_ == hex_.lower()
+    ):  # the runtime's "invalid checksum digest format", at pull time on every node
+        return (
+            "its digest is not sha256 (or sha384, sha512) with its full hex in lower case, "
+            "as `docker inspect` or `crane digest` print it"
+        )
     port = first.rpartition(":")[2] if registry and ":" in first else ""
     if port and not 0 < int(port[:6]) <= 65535:  # digits alone: the grammar matched them
         return "its registry's port is not 1-65535"
-    name = image.partition("@")[0]
     last = name.rpartition("/")[2]
     if ":" in last:  # a tag, not a registry's port
         name = name[: len(name) - len(last) + last.index(":")]
@@ -44,8 +54,9 @@ def reference_problem(image: str) -> str | None:
 
 
 def is_pinned(image: str) -> bool:
-    """True for `repo@sha256:…` or `repo:tag` (a colon after the last slash, so not a port)."""
-    if "@sha256:" in image:
+    """True for `repo@<digest>` or `repo:tag` (a colon after the last slash, so not a port),
+    of a reference that reference_problem passed."""
+    if "@" in image:
         return True
     last = image.rsplit("/", 1)[-1]
     return ":" in last and not last.endswith(":") and not image.endswith(":latest")

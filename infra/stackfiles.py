@@ -17,6 +17,7 @@ from infra.keys import (
     PROJECT,
     PROJECT_DIR,
     StackConfigError,
+    qualified,
     unknown_key_problems,
 )
 from plugin.core.userfiles import (
@@ -150,6 +151,8 @@ def stack_config(
 _CONFIG_KEY = re.compile(r"(?:[A-Za-z][A-Za-z0-9_.-]*:)?[A-Za-z][A-Za-z0-9_.-]*")
 # What a stack file holds besides `config:` (Pulumi's own keys for its secrets provider).
 _STACK_FILE_KEYS = {"config", "secretsprovider", "encryptedkey", "encryptionsalt", "environment"}
+# The keys a repeat of which is said by name: the stack file's own, and the project's.
+_NAMED = frozenset(_STACK_FILE_KEYS | set(KNOWN_KEYS) | {qualified(k) for k in KNOWN_KEYS})
 
 
 def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
@@ -157,7 +160,7 @@ def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
     StackFileError in one line."""
     where = path.relative_to(PROJECT_DIR) if path.is_relative_to(PROJECT_DIR) else path
     try:
-        doc: Any = parse_yaml(read_text(path))
+        doc: Any = parse_yaml(read_text(path), _NAMED)
     except (UnreadableError, ParseError) as exc:
         raise StackFileError(f"{where}: {exc}") from None
     if project and (not isinstance(doc, dict) or cast(dict[str, Any], doc).get("name") != PROJECT):

@@ -258,7 +258,7 @@ def load_config(path: Path, *, explicit: bool) -> PluginConfig:
             f"--config {path}: cannot be read ({exc})", fix="point it at the plugin's YAML file"
         ) from None
     try:
-        data = parse_yaml(text)
+        data = parse_yaml(text, _KEYS)
     except ParseError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc})", fix="fix the syntax") from None
     if data is None:  # a ConfigMap key left empty, a file truncated: not a wish for defaults
@@ -276,6 +276,10 @@ def _camel(name: str) -> str:
     """A field's key in the file: max_allocations -> maxAllocations."""
     head, *rest = name.split("_")
     return head + "".join(w.capitalize() for w in rest)
+
+
+# Every key the file may hold: a repeat of one is said by name.
+_KEYS = frozenset(_camel(f.name) for cls in (PluginConfig, Pool, Selector) for f in fields(cls))
 
 
 class _Reader:

@@ -23,7 +23,14 @@ from typing import Any, TypeVar, cast
 from urllib.parse import urlencode, urlsplit
 
 from plugin.core.terminal import one_line
-from plugin.core.userfiles import ParseError, UnreadableError, described, parse_yaml, read_text
+from plugin.core.userfiles import (
+    ParseError,
+    UnreadableError,
+    described,
+    parse_yaml,
+    read_text,
+    shown,
+)
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _TIMEOUT = 15.0
@@ -119,20 +126,28 @@ class KubeApi:
         if not isinstance(doc, dict):
             what = "empty" if doc is None else f"a {type(doc).__name__}, not a mapping"
             raise CredentialsError(f"--kubeconfig {path}: {what}: name a kubeconfig file")
+        config = cast(dict[str, Any], doc)
+        step = "current-context"  # what is read now: named when it is missing or of a wrong shape
         try:
-            config = cast(dict[str, Any], doc)
             current = config["current-context"]
+            step = f"contexts: the context named {shown(current)}"
             context = _named(config["contexts"], current)["context"]
+            step = f"clusters: the cluster named {shown(context['cluster'])}"
             named: Any = _named(config["clusters"], context["cluster"])["cluster"]
+            if not isinstance(named, dict):
+                raise TypeError  # a list or a text where a mapping goes
+            cluster = cast(dict[str, Any], named)
+            step += ": its server"
+            server = str(cluster["server"])
+            step = f"users: the user named {shown(context.get('user', ''))}"
             entry = _named(config.get("users") or [], context.get("user", ""), {})
             found: Any = entry.get("user") or {}
-            if not isinstance(found, dict) or not isinstance(named, dict):
-                raise TypeError  # a list or a text where a mapping goes
-            user, cluster = cast(dict[str, Any], found), cast(dict[str, Any], named)
-            server = str(cluster["server"])
+            if not isinstance(found, dict):
+                raise TypeError
+            user = cast(dict[str, Any], found)
         except (KeyError, TypeError, AttributeError):
             raise CredentialsError(
-                f"--kubeconfig {path}: no current context with a cluster and server: "
+                f"--kubeconfig {path}: {step}: not there, or not as a kubeconfig has it: "
                 "`kubectl config view --minify` shows what it holds"
             ) from None
         where = f"--kubeconfig {path}"

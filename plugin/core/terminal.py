@@ -27,14 +27,15 @@ def say(line: str) -> None:
 def write_stdout(text: str) -> None:
     """`text` on stdout, or OSError. A stdout that failed is pointed at /dev/null: Python's
     flush at exit would otherwise print its own BrokenPipeError and exit 120."""
+    stdout = sys.stdout
+    if stdout is None:
+        raise OSError(errno.EBADF, "stdout is closed")
     try:
-        if sys.stdout is None:
-            raise OSError(errno.EBADF, "stdout is closed")
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        stdout.write(text)
+        stdout.flush()
     except OSError:
-        with contextlib.suppress(OSError, AttributeError, ValueError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
         raise
 
 

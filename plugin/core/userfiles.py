@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import errno
+import functools
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import reprlib
 import stat
 import tempfile
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, cast
 
@@ -139,13 +141,14 @@ def _unquoted(message: str) -> str:
     return _QUOTED.sub(lambda m: f"({described(m.group(1))})", message)
 
 
-def parse_yaml(text: str) -> Any:
-    """YAML (JSON included) with no repeated key and no number over MAX_DIGITS digits.
-    A text that starts with `{` is tried as JSON first: that needs no YAML parser (whose import
-    costs a plugin start ~35 ms)."""
+def parse_yaml(text: str, names: AbstractSet[str] = frozenset()) -> Any:
+    """YAML (JSON included) with no repeated key and no number over MAX_DIGITS digits; a
+    repeated key of `names` (the file's own keys) is named. A text that starts with `{` is
+    tried as JSON first: that needs no YAML parser (whose import costs a plugin start ~35 ms)."""
     if text.lstrip().startswith("{"):
         try:
-            return json.loads(text, object_pairs_hook=_unique_pairs, parse_int=_json_int)
+            pairs = functools.partial(_unique_pairs, names)
+            return json.loads(text, object_pairs_hook=pairs, parse_int=_json_int)
         except json.JSONDecodeError:
             pass  # YAML flow style can start with `{` too: the YAML parser decides
         except (ParseError, RecursionError) as exc:
@@ -153,6 +156,7 @@ def parse_yaml(text: str) -> Any:
     import yaml
 
     loader = _strict_loader()(text)
+    loader.names = names
     try:
         node = loader.get_single_node()
         if node is None:
@@ -201,11 +205,18 @@ def _nested(exc: BaseException) -> str:
     return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
 
 
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _twice(key: object, names: AbstractSet[str]) -> str:
+    """A repeated key: named when it is one of the file's known keys, else described (it may
+    be a value pasted in the wrong place, a secret one)."""
+    said = key if isinstance(key, str) and key in names else f"a key ({described(key)})"
+    return f"{said} given twice: keep one"
+
+
+def _unique_pairs(names: AbstractSet[str], pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise ParseError(f"a key ({described(key)}) given twice: keep one")
+            raise ParseError(_twice(key, names))
         result[key] = value
     return result
 
@@ -231,6 +242,8 @@ def _strict_loader() -> type:
     base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
     class StrictLoader(base):
+        names: AbstractSet[str] = frozenset()
+
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen: set[object] = set()
             for key_node, _ in node.value:
@@ -246,7 +259,7 @@ def _strict_loader() -> type:
                     raise ConstructorError(
                         None,
                         None,
-                        f"a key ({described(key)}) given twice: keep one",
+                        _twice(key, self.names),
                         key_node.start_mark,
                     )
             return base.construct_mapping(self, node, deep=deep)

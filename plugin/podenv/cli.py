@@ -74,6 +74,9 @@ def _read_hcas(sysfs_root: Path, names: list[str]) -> list[Hca]:
         except Exception as exc:  # any fault of its files: this HCA's, said as such
             raise NoGidError(f"{name}: cannot be read from {class_ib / name} ({exc})") from None
         if hca is None:
+            there = sorted(p.name for p in class_ib.iterdir()) if class_ib.is_dir() else []
+            if there:  # a name mistyped, or an HCA gone since the allocation
+                raise NoGidError(f"{name}: not in {class_ib} (there: {', '.join(there)})")
             raise NoGidError(
                 f"{name}: not in {class_ib}: the RDMA devices are not visible in this network "
                 "namespace (RDMA netns mode exclusive?), or the node's RDMA driver is not loaded"

@@ -214,8 +214,10 @@ def test_unpinned_plugin_image_is_refused(image: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "image", ["repo/plugin:0.1.0", "localhost:5000/plugin:1", f"r/p@sha256:{'a' * 64}"]
-)
+    "image",
+    ["repo/plugin:0.1.0", "localhost:5000/plugin:1", f"r/p@sha256:{'a' * 64}",
+     f"r/p@sha512:{'a' * 128}"],
+)  # fmt: skip
 def test_pinned_plugin_images_are_accepted(image: str) -> None:
     assert is_pinned(image)
 

@@ -151,6 +151,7 @@ def test_an_image_reference_holding_a_login_is_refused_without_quoting_it(
     [
         "registry.cn-wulanchabu.aliyuncs.com/lingjun-rdma/rdma-device-plugin:0.1.0",
         "localhost:5000/plugin@sha256:" + "a" * 64,
+        "reg.example.com/a/plugin:1@sha512:" + "0f" * 64,
         "busybox:1.36",
         "ghcr.io/a/b/c:v1.2.3-rc.1",
     ],
@@ -212,7 +213,7 @@ def test_a_key_given_twice_in_a_stack_file_is_refused(tmp_path: Path) -> None:
         "config:\n  lingjun-rdma:nonHostNetwork: false\n  lingjun-rdma:nonHostNetwork: true\n"
     )
     with pytest.raises(
-        StackFileError, match=r"line 3, column 3: a key \(text of 27 characters\) given"
+        StackFileError, match=r"line 3, column 3: lingjun-rdma:nonHostNetwork given twice"
     ):
         stack_config("x", project_dir=tmp_path)
 
@@ -640,10 +641,18 @@ def test_a_key_pulumi_yaml_declares_but_the_program_does_not_read_is_named_there
         ("registryUsername=robot", "lingjun-rdma:registryUsername: only used with"),
         ("lingjunMachineType=efg2\nrm", "lingjunMachineType: not an Alibaba Cloud ID or name"),
         ("lingjunImageId=" + "i" * 200, "lingjunImageId: "),
+        ('zoneIds=["cn-a\\nx"]', "(pulumi config set --path 'lingjun-rdma:zoneIds[0]' <id>)"),
         ("sampleJobs=[1,2]", "lingjun-rdma:sampleJobs[1]: must be text (pulumi config set --path"),
         (f"ncclTestsImage=u:{SENTINEL}@registry.example.com/n:1", "ncclTestsImage: not an image"),
     ],
-    ids=["username-without-build", "id-newline", "id-long", "list-index", "unused-image-login"],
+    ids=[
+        "username-without-build",
+        "id-newline",
+        "id-long",
+        "list-item-newline",
+        "list-index",
+        "unused-image-login",
+    ],
 )
 def test_stack_values_of_no_use_or_no_shape_are_refused(
     tmp_path: Path, override: str, said: str
@@ -829,12 +838,15 @@ def test_a_list_nested_too_deep_in_set_is_one_line(tmp_path: Path) -> None:
     [
         ("config:\n  lingjun-rdma:region: cn-a\n  region: cn-b\n",
          "lingjun-rdma:region is given twice (with and without its namespace): keep one"),
+        (f"config:\n  {SENTINEL}: a\n  {SENTINEL}: b\n",
+         "line 3, column 3: a key (text of 10 characters) given twice: keep one"),
         ("config:\n  lingjun-rdma:zoneIds: '[\"cn-a\"]'\n",
          "lingjun-rdma:zoneIds: text of 8 characters, not a YAML list"),
         (f"config:\n  lingjun-rdma:{SENTINEL}: x\n",
          "lingjun-rdma: a key that is text of 10 characters: unknown key"),
     ],
-    ids=["key-twice", "list-as-text", "unknown-key-not-quoted"],
+    ids=["key-twice", "unknown-key-repeated", "list-as-text",
+         "unknown-key-not-quoted"],
 )  # fmt: skip
 def test_a_stack_file_the_cli_would_read_otherwise_is_refused(
     tmp_path: Path, stack_file: str, said: str
@@ -1137,12 +1149,23 @@ def test_a_pulumi_yaml_without_its_config_section_says_so_once(tmp_path: Path, c
         ("serviceCidr=172.16.0.1/32", "lingjun-rdma:serviceCidr: a /32, not /12 to /24"),
         ("vpcCidr=192.168.0.0/30", "lingjun-rdma:vpcCidr: a /30, not /8 to /28"),
         ("pluginImage=reg.example.com:99999/a/b:1", "its registry's port is not 1-65535"),
+        ("pluginImage=reg.example.com/a/b@sha256:" + "A" * 64, "its digest is not sha256"),
+        ("pluginImage=reg.example.com/a/b@sha256:" + "a" * 32, "its digest is not sha256"),
+        ("pluginImage=reg.example.com/a/b@md5:" + "a" * 32, "its digest is not sha256"),
         (
             "vswitchCidrs=" + json.dumps([f"10.{i // 256}.{i % 256}.0/24" for i in range(151)]),
             "lingjun-rdma:vswitchCidrs: 151 vSwitches, over a VPC's 150",
         ),
     ],
-    ids=["service-cidr-a-host", "vpc-too-small", "registry-port", "vswitches-past-quota"],
+    ids=[
+        "service-cidr-a-host",
+        "vpc-too-small",
+        "registry-port",
+        "digest-upper-case",
+        "digest-short",
+        "digest-md5",
+        "vswitches-past-quota",
+    ],
 )
 def test_a_value_the_cloud_would_refuse_later_is_refused_at_preview(
     tmp_path: Path, setting: str, said: str

@@ -135,23 +135,24 @@ async def test_a_config_with_absurd_numbers_or_nesting_is_one_line(
 
 
 @pytest.mark.parametrize(
-    ("text", "where"),
+    ("text", "where", "key"),
     [
-        ("pools:\n  - name: hca\n    mode: shared\n    mode: exclusive\n", "line 4, column 5: "),
-        ('{"pools": [{"name": "a", "name": "b"}]}', ""),
+        ("pools:\n  - name: hca\n    mode: shared\n    mode: exclusive\n", "line 4, column 5: ",
+         "mode"),
+        ('{"pools": [{"name": "a", "name": "b"}]}', "", "name"),
+        ('{"pools": [{"S3cret": "a", "S3cret": "b"}]}', "", "a key (text of 6 characters)"),
     ],
-    ids=["yaml", "json"],
-)
+    ids=["yaml", "json", "not-a-key-of-ours"],
+)  # fmt: skip
 async def test_a_key_given_twice_is_refused_not_silently_the_last(
-    plugin: PluginProcess, text: str, where: str
+    plugin: PluginProcess, text: str, where: str, key: str
 ) -> None:
     config = plugin.write_config(text)
 
     output = await _refused(plugin, config)
 
     assert (
-        f"{config}: not valid YAML ({where}a key (text of 4 characters) given twice: keep one): "
-        "fix the syntax"
+        f"{config}: not valid YAML ({where}{key} given twice: keep one): fix the syntax"
     ) in output
 
 

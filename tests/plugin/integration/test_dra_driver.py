@@ -275,7 +275,9 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
          "token: text of 16 characters with a line break, a space or a character an HTTP "
          "header cannot carry"),
         ({"server": SERVER, "insecure-skip-tls-verify": True}, ["S3cret"],
-         "no current context with a cluster and server"),
+         "users: the user named 'u': not there, or not as a kubeconfig has it"),
+        ({"insecure-skip-tls-verify": True}, {},
+         "clusters: the cluster named 'c': its server: not there, or not as a kubeconfig has it"),
         ({"server": SERVER, "insecure-skip-tls-verify": "false"}, {},
          "insecure-skip-tls-verify: text of 5 characters, not true or false"),
         ({"server": SERVER, "insecure-skip-tls-verify": True}, {"token": ["S3cret"]},
@@ -284,7 +286,7 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
     ids=["ca-not-base64", "ca-not-text", "ca-not-pem", "ca-file-missing", "port-out-of-range",
          "bad-ipv6", "cert-not-base64", "cert-file-missing", "token-fifo", "token-dev-zero",
          "token-missing", "exec", "auth-provider", "basic-auth", "proxy", "token-newline",
-         "user-a-list", "tls-skip-as-text", "token-a-list"],
+         "user-a-list", "no-server", "tls-skip-as-text", "token-a-list"],
 )  # fmt: skip
 def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
     tmp_path: Path, cluster: dict[str, object], user: object, said: str

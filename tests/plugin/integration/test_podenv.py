@@ -298,6 +298,15 @@ def test_what_podenv_refuses_is_one_line(args: tuple[str, ...], said: str) -> No
     assert said in done.stderr.splitlines()[-1]
 
 
+def test_an_hca_not_on_the_node_is_named_with_those_there(tree: SysfsTree) -> None:
+    done = _podenv_here("--hcas", "mlx5_0,mlx5_9", "--sysfs-root", str(tree.sys))
+
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        f"lingjun-rdma podenv: mlx5_9: not in {tree.sys}/class/infiniband (there: mlx5_0)"
+    ]
+
+
 def test_hca_names_are_trimmed_and_deduplicated(tree: SysfsTree, pod_netns: str) -> None:
     _address(pod_netns, f"{POD_A}/64")
 
