@@ -27,9 +27,10 @@ import grpc
 from plugin.config import PluginConfig, Pool
 from plugin.core import podqps
 from plugin.core import pool as policy
-from plugin.core.counters import PORT_COUNTERS, metrics_for
+from plugin.core.counters import PORT_COUNTERS
 from plugin.core.discovery.model import CharDevices, Hca, Port
 from plugin.core.restrack import Qp
+from plugin.core.scrape import metrics_for
 from plugin.core.sockets import CHANNEL_OPTIONS
 from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.deviceplugin.wire import list_and_watch_response

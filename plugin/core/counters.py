@@ -6,20 +6,14 @@ and help; a driver counter the table does not name still appears, under its file
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugin.core import podqps
-from plugin.core.metrics import MetricFamily, Metrics
-from plugin.core.restrack import host_pid_namespace
+from plugin.core.metrics import MetricFamily
 from plugin.core.userfiles import decimal
-from plugin.launch import CoreSpec
-
-logger = logging.getLogger(__name__)
 
 PREFIX = "rdma_port_"
 LABELS = ("hca", "port")
@@ -178,22 +172,6 @@ NOT_COUNTERS = frozenset({"lifespan"})
 # Each port's logical state as a gauge (node_exporter: node_infiniband_state_id).
 STATE_METRIC = PREFIX + "state"
 STATE_HELP = "Port state: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER"
-
-
-def metrics_for(spec: CoreSpec) -> Metrics:
-    """A front end's metrics: its own, the port counters unless the spec turns them off, and
-    the QPs per pod when it turns them on."""
-    metrics = Metrics()
-    if spec.port_counters == "on":
-        metrics.collect(lambda: collect(spec.sysfs_root))
-    if spec.pod_qps == "on":
-        if not host_pid_namespace():
-            logger.warning(
-                "--pod-qps on, but this process is not in the host's pid namespace: it sees only "
-                "its own QPs, none of any pod's (run it with hostPID)"
-            )
-        metrics.collect(podqps.collect)
-    return metrics
 
 
 def collect(sysfs_root: Path) -> list[MetricFamily]:

@@ -83,13 +83,22 @@ def _number(value: float) -> str:
     return repr(value)
 
 
+Collector = Callable[[], list["MetricFamily"]]
+# How long a scrape waits for the host's counters (Prometheus's default scrape_timeout is 10 s).
+READ_TIMEOUT = 5.0
+
+
 class Metrics:
     """The plugin's metrics; one instance per process, passed to whoever records."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_timeout: float = READ_TIMEOUT) -> None:
         self._families: list[MetricFamily] = []
-        # families made fresh at each scrape (the port counters, read from sysfs then)
-        self._collectors: list[Callable[[], list[MetricFamily]]] = []
+        # families made fresh at each scrape: of the process's own state, and read from the
+        # host (the port counters from sysfs, the QPs from netlink)
+        self._collectors: list[Collector] = []
+        self._readers: list[Collector] = []
+        self._reading: asyncio.Future[list[MetricFamily]] | None = None
+        self.read_timeout = read_timeout
         self.devices = self._family(
             "rdma_plugin_devices", "Device IDs advertised, by health", "gauge", "resource", "health"
         )
@@ -142,9 +151,12 @@ class Metrics:
         self._families.append(family)
         return family
 
-    def collect(self, collector: Callable[[], list[MetricFamily]]) -> None:
-        """Render `collector`'s families too, asking it at each scrape."""
-        self._collectors.append(collector)
+    def collect(self, collector: Collector, *, reads_host: bool = False) -> None:
+        """Render `collector`'s families too, asking it at each scrape. One that `reads_host`
+        is asked off the event loop by `scrape`: a wedged driver can hold a read of its
+        counters (a firmware command on mlx5) for seconds, and the kubelet's calls must not
+        wait for it."""
+        (self._readers if reads_host else self._collectors).append(collector)
 
     def registration(self, state: Callable[[], Mapping[str, bool]]) -> None:
         """rdma_plugin_registered: 1 while the kubelet holds the registration of a resource (or
@@ -164,15 +176,41 @@ class Metrics:
         self.collect(collect)
 
     def render(self) -> bytes:
-        fresh: list[MetricFamily] = []
-        for collector in self._collectors:
+        """Every family, each collector asked on this thread."""
+        return self._text(_asked(self._collectors) + _asked(self._readers))
+
+    async def scrape(self) -> bytes:
+        """Every family, the host's read in one thread at most (a read still running from an
+        earlier scrape is waited for, not doubled), for at most `read_timeout` seconds: past
+        that, this scrape has the process's own families only."""
+        fresh = _asked(self._collectors)
+        if self._readers:
+            if self._reading is None or self._reading.done():
+                self._reading = asyncio.ensure_future(asyncio.to_thread(_asked, self._readers))
             try:
-                fresh += collector()
-            except Exception:  # what the host shows is read here: a surprise costs its families
-                logger.exception("/metrics: a collector failed; its families are left out")
+                fresh += await asyncio.wait_for(asyncio.shield(self._reading), self.read_timeout)
+            except TimeoutError:
+                logger.warning(
+                    "/metrics: reading the host's counters took over %gs (a hung driver?): "
+                    "left out of this scrape",
+                    self.read_timeout,
+                )
+        return self._text(fresh)
+
+    def _text(self, fresh: list[MetricFamily]) -> bytes:
         text = "".join(f.render() for f in [*self._families, *fresh])
         # label values come from sysfs names, which need not be UTF-8 (surrogate escapes)
         return text.encode("utf-8", "replace")
+
+
+def _asked(collectors: list[Collector]) -> list[MetricFamily]:
+    fresh: list[MetricFamily] = []
+    for collector in collectors:
+        try:
+            fresh += collector()
+        except Exception:  # what the host shows is read here: a surprise costs its families
+            logger.exception("/metrics: a collector failed; its families are left out")
+    return fresh
 
 
 async def serve_http(
@@ -192,7 +230,7 @@ async def serve_http(
                 status, ctype, body = (
                     "200 OK",
                     CONTENT_TYPE,
-                    metrics.render(),
+                    await metrics.scrape(),
                 )
             elif path == b"/healthz":
                 ok = healthy()

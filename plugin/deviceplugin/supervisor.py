@@ -12,7 +12,6 @@ from pathlib import Path
 from plugin.config import ConfigError, PluginConfig, Pool, load_config
 from plugin.core import pool as policy
 from plugin.core.cdi import SpecFile
-from plugin.core.counters import metrics_for
 from plugin.core.discovery.model import Discovery
 from plugin.core.events import DirWatcher
 from plugin.core.health import HealthWatcher
@@ -20,6 +19,7 @@ from plugin.core.kubeapi import KubeApi
 from plugin.core.metrics import serve_http
 from plugin.core.node_events import NodeEvents
 from plugin.core.problems import REGISTRATION, Problem
+from plugin.core.scrape import metrics_for
 from plugin.core.terminal import say
 from plugin.deviceplugin.endpoint import Endpoint
 from plugin.launch import DRA_DRIVER, LaunchSpec, cdi_kind, cdi_spec_name

@@ -14,13 +14,13 @@ import grpc
 
 from plugin.config import PluginConfig
 from plugin.core import pool as policy
-from plugin.core.counters import metrics_for
 from plugin.core.discovery.model import Discovery
 from plugin.core.health import HealthWatcher
 from plugin.core.kubeapi import KubeApi
 from plugin.core.metrics import serve_http
 from plugin.core.node_events import NodeEvents
 from plugin.core.problems import REGISTRATION, Problem
+from plugin.core.scrape import metrics_for
 from plugin.core.sockets import bind_problem, clear_stale_socket, grpc_target
 from plugin.core.terminal import one_line, say
 from plugin.core.userfiles import why_not_writable

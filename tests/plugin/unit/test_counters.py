@@ -13,8 +13,8 @@ from plugin.core.counters import (
     PORT_COUNTERS,
     STATE_METRIC,
     collect,
-    metrics_for,
 )
+from plugin.core.scrape import metrics_for
 from plugin.launch import LaunchSpec
 from tests.plugin.sysfs_tree import two_mlx5
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -111,3 +112,44 @@ async def test_head_says_what_get_would_without_a_body() -> None:
     assert head.startswith(b"HTTP/1.1 200 OK")
     assert int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]) > 0
     assert body == b""
+
+
+async def test_a_hung_host_read_costs_its_families_only_and_is_never_doubled() -> None:
+    release = threading.Event()
+    asked: list[int] = []
+
+    def hung_driver() -> list[MetricFamily]:  # a counter read held by wedged firmware
+        asked.append(1)
+        release.wait(30)
+        family = MetricFamily("rdma_port_x", "x", "gauge", ())
+        family.set(1)
+        return [family]
+
+    metrics = Metrics(read_timeout=0.2)
+    metrics.collect(hung_driver, reads_host=True)
+    metrics.problems.set(2)
+    loop_ticks = 0
+
+    async def tick() -> None:  # the event loop stays free for the kubelet's calls meanwhile
+        nonlocal loop_ticks
+        while True:
+            loop_ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.create_task(tick())
+    first = (await metrics.scrape()).decode()
+    second = (await metrics.scrape()).decode()
+    reads_while_hung = len(asked)
+    release.set()
+    for _ in range(100):  # the one read in flight ends; the next scrape starts a fresh one
+        third = (await metrics.scrape()).decode()
+        if "rdma_port_x" in third:
+            break
+    ticker.cancel()
+
+    assert "rdma_plugin_problems 2.0" in first
+    assert "rdma_plugin_problems 2.0" in second
+    assert "rdma_port_x" not in first + second
+    assert "rdma_port_x 1.0" in third
+    assert reads_while_hung == 1  # the hung read was waited for again, not started twice
+    assert loop_ticks > 5
