@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
 
-from infra.alerts import alerts
+from infra.alerts import (
+    ACK_TIMEOUT_PER_SECOND,
+    CNP_STORM_PER_SECOND,
+    LINK_FLAPS,
+    OUT_OF_BUFFER_PER_SECOND,
+    RETRANSMIT_PER_SECOND,
+    alerts,
+)
+from infra.keys import PROJECT_DIR
 from infra.monitoring import ARMS_DISCOVERY, ARMS_NAMESPACE, GRAFANA_DASHBOARD_LABEL
 from tests.infra.conftest import k8s_object, k8s_objects, of_type, one, run
 from tests.infra.test_config import _error
@@ -132,3 +141,28 @@ def test_the_qps_per_pod_panel_is_on_the_dashboard_of_a_stack_that_exports_them(
 
     assert "Queue pairs per pod" in titles("rdmaPodQps=true")
     assert "Queue pairs per pod" not in titles()
+
+
+def test_the_readmes_alert_table_is_the_pack_with_its_thresholds() -> None:
+    readme = (PROJECT_DIR / "README.md").read_text()
+    rows = {
+        m["name"]: (m["when"], m["for"])
+        for m in re.finditer(r"^\| `(?P<name>Rdma\w+)` \| (?P<when>[^|]+) \| (?P<for>[^|]+) \|$",
+                             readme, re.M)
+    }  # fmt: skip
+    pack = {a.name: a for a in alerts("j", 5, port_counters=True, non_host_network=True)}
+    thresholds = {
+        "RdmaCnpStorm": CNP_STORM_PER_SECOND,
+        "RdmaOutOfBuffer": OUT_OF_BUFFER_PER_SECOND,
+        "RdmaRetransmits": RETRANSMIT_PER_SECOND,
+        "RdmaAckTimeouts": ACK_TIMEOUT_PER_SECOND,
+        "RdmaLinkFlapping": LINK_FLAPS,
+    }
+
+    assert rows.keys() == pack.keys()
+    for name, alert in pack.items():
+        when, duration = rows[name]
+        assert duration.strip() == (f"{alert.duration}m" if alert.duration else "\u2013"), name
+        if name in thresholds:
+            assert f"> {thresholds[name]}" in alert.expr, name
+            assert re.search(rf"\b{thresholds[name]}\b", when), (name, when)
