@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from plugin.core.counters import STATE_METRIC
+from plugin.core.podqps import OTHER
 
 # The PodMonitor's job label takes the pods' name label: alerts select the plugin's `up` by it.
 JOB_LABEL = "app.kubernetes.io/name"
@@ -282,6 +283,11 @@ def panels(*, port_counters: bool, pod_qps: bool) -> list[Panel]:
                         "sum by (namespace, pod, hca) (rdma_pod_qps" + _PORT
                         + " * on (uid) group_left (namespace, pod) " + KUBE_POD_INFO + ")",
                         "{{namespace}}/{{pod}} {{hca}}",
+                    ),
+                    # past the plugin's bound, pods are summed under one uid the join drops
+                    (
+                        f'sum by (node, hca) (rdma_pod_qps{{uid="{OTHER}",node=~"$node"}})',
+                        "{{node}} {{hca}}: other pods",
                     ),
                 ),
             )

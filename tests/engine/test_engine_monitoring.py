@@ -77,6 +77,7 @@ def local_monitoring(
     stack = open_engine_stack("local-monitoring")
     for_this_cluster(stack, cluster, image)
     set_config(stack, "rdmaMonitoring", "prometheusOperator")
+    set_config(stack, "rdmaPodQps", "true")
     yield stack
     if stack.export_stack().deployment.get("resources"):  # a test failed midway
         stack.destroy(on_output=print)
@@ -101,7 +102,11 @@ def test_up_creates_the_monitoring_objects_that_select_the_running_plugin(
     (port,) = [p for p in pod["spec"]["containers"][0]["ports"] if p["name"] == endpoint["port"]]
     names = [r["alert"] for r in rule["spec"]["groups"][0]["rules"]]
     assert names == [a.name for a in alerts(PLUGIN, 5, port_counters=True, non_host_network=False)]
-    assert json.loads(board["data"]["lingjun-rdma.json"])["panels"]
+    titles = [p["title"] for p in json.loads(board["data"]["lingjun-rdma.json"])["panels"]]
+    assert "Queue pairs per pod" in titles
+    # rdmaPodQps: the kubelet ran the plugin in the host's pid namespace, as its QPs need
+    assert pod["spec"]["hostPID"] is True
+    assert pod["status"]["phase"] == "Running"
 
     # what that PodMonitor scrapes: the running pod's /metrics carries each plugin metric the
     # pack names (the port counters' need driver files this node's fixture lacks)
