@@ -48,10 +48,9 @@ _SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 _UID = re.compile(r"[A-Za-z0-9-]{1,128}")
 
 
-def _checked(what: str, value: str, form: re.Pattern[str], kind: str) -> str:
+def _checked(what: str, value: str, form: re.Pattern[str], kind: str) -> None:
     if not form.fullmatch(value):
         raise PrepareError(f"the kubelet's {what} {shown(value)} is not {kind}: not used")
-    return value
 
 
 @dataclass(frozen=True)
