@@ -101,8 +101,9 @@ async def run(
 
     dra_path = dra_socket(spec.plugins_dir, driver)
     reg_path = registration_socket(spec.plugins_registry_dir, driver)
+    stop = asyncio.Event()
     dra_server = grpc.aio.server()
-    add_dra_services(dra_server, preparer)
+    add_dra_services(dra_server, preparer, stop)
     if (why := _bind(dra_path, dra_server)) is not None:
         say(f"{PROG}: --plugins-dir: {why}")
         return 2
@@ -128,7 +129,6 @@ async def run(
             say(f"{PROG}: --metrics-address {spec.metrics_address}: {exc}: use a free HOST:PORT")
             return 2
 
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)

@@ -5,13 +5,15 @@ uses the newest both sides speak). Thin: all the work is the Preparer's."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
+from plugin.core.kubeapi import in_background
 from plugin.core.terminal import one_line
 from plugin.dra.api.dra.v1 import api_pb2 as v1
 from plugin.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
@@ -27,14 +29,33 @@ logger = logging.getLogger(__name__)
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 
 
+T = TypeVar("T")
+STOPPING = "the driver is stopping: the kubelet asks again once it is back"
+
+
 class _Claims:
     """NodePrepareResources and NodeUnprepareResources, whatever the API version: claims are
-    prepared one at a time, off the event loop (a claim's read from the API server and its
-    file writes block), under one lock (the checkpoint has one writer)."""
+    prepared one at a time, off the event loop in a daemon thread (a claim's read from the API
+    server and its file writes block; a stop does not wait for them: each file is written
+    atomically), under one lock (the checkpoint has one writer)."""
 
-    def __init__(self, preparer: Preparer, lock: asyncio.Lock) -> None:
+    def __init__(self, preparer: Preparer, lock: asyncio.Lock, stopping: asyncio.Event) -> None:
         self.preparer = preparer
         self.lock = lock
+        self.stopping = stopping
+
+    async def _unless_stopping(self, work: Callable[[], T]) -> T:
+        """`work()` in a daemon thread; CancelledError once the driver stops, so that each
+        call in flight is answered before the server's grace ends (its own cancellation of a
+        call still running is a logged traceback)."""
+        running = asyncio.ensure_future(in_background(work))
+        stopped = asyncio.ensure_future(self.stopping.wait())
+        await asyncio.wait({running, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not running.done():
+            running.cancel()
+            raise asyncio.CancelledError
+        return running.result()
 
     async def prepare(self, claims: Iterable[Any]) -> dict[str, tuple[PreparedDevice, ...] | str]:
         """Claim UID -> its devices, or why it cannot be prepared now."""
@@ -43,10 +64,15 @@ class _Claims:
             try:
                 ref = ClaimRef(claim.namespace, claim.uid, claim.name)
                 async with self.lock:
-                    answers[claim.uid] = await asyncio.to_thread(self.preparer.prepare, ref)
+                    answers[claim.uid] = await self._unless_stopping(
+                        functools.partial(self.preparer.prepare, ref)
+                    )
             except (PrepareError, OSError) as exc:
                 logger.warning("prepare %s: %s", _named(claim), exc)
                 answers[claim.uid] = str(exc)
+            except asyncio.CancelledError:  # the driver stops: answered, not a grpc traceback
+                answers[claim.uid] = STOPPING
+                break
         return answers
 
     async def unprepare(self, claims: Iterable[Any]) -> dict[str, str]:
@@ -56,11 +82,14 @@ class _Claims:
             try:
                 ref = ClaimRef(claim.namespace, claim.uid, claim.name)
                 async with self.lock:
-                    await asyncio.to_thread(self.preparer.unprepare, ref)
+                    await self._unless_stopping(functools.partial(self.preparer.unprepare, ref))
                 answers[claim.uid] = ""
             except (PrepareError, OSError) as exc:
                 logger.warning("unprepare %s: %s", _named(claim), exc)
                 answers[claim.uid] = str(exc)
+            except asyncio.CancelledError:
+                answers[claim.uid] = STOPPING
+                break
         return answers
 
 
@@ -117,8 +146,10 @@ class V1beta1Servicer(v1beta1_grpc.DRAPluginServicer):
         return response
 
 
-def add_dra_services(server: grpc.aio.Server, preparer: Preparer) -> None:
-    claims = _Claims(preparer, asyncio.Lock())
+def add_dra_services(server: grpc.aio.Server, preparer: Preparer, stopping: asyncio.Event) -> None:
+    """The DRAPlugin services; once `stopping` is set, every call in flight is answered that
+    the driver is stopping."""
+    claims = _Claims(preparer, asyncio.Lock(), stopping)
     v1_grpc.add_DRAPluginServicer_to_server(V1Servicer(claims), server)
     v1beta1_grpc.add_DRAPluginServicer_to_server(V1beta1Servicer(claims), server)
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import http.server
 import json
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -761,3 +763,39 @@ async def test_a_stale_spec_of_ours_is_written_again(short_tmp: Path, tree: Sysf
 
     assert answer.error == ""
     assert json.loads(path.read_text()) == GOOD_ENTRY["spec"]
+
+
+async def test_a_stop_during_a_prepare_waiting_on_a_silent_api_server_is_prompt_and_clean(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    silent = socket.create_server(("127.0.0.1", 0))  # takes the connection, never answers
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True).start()
+    driver = Driver(short_tmp, tree, f"https://127.0.0.1:{silent.getsockname()[1]}")
+    await driver.start()
+    try:
+        target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
+        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+            call = v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[v1.Claim(namespace="d", uid="u", name="c")]),
+                timeout=30,
+            )
+            for _ in range(100):  # the prepare is waiting on the API server
+                if held:
+                    break
+                await asyncio.sleep(0.05)
+            assert held
+            assert driver.proc is not None
+            driver.proc.terminate()
+            # well inside the API call's 15 s timeout: the stop does not wait for it
+            code = await asyncio.wait_for(driver.proc.wait(), 5)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await call
+    finally:
+        silent.close()
+        for connection in held:
+            connection.close()
+
+    assert code == 0
+    log = driver.log.read_text()
+    assert "Traceback" not in log, log[log.find("Traceback") - 500 :]
