@@ -109,7 +109,7 @@ class Preparer:
         self.dev_root = dev_root
         self._views: dict[str, policy.PoolView] = {}
         self._devices: dict[str, SliceDevice] = {}
-        self.claims: dict[str, Prepared] = load_checkpoint(checkpoint)
+        self.claims: dict[str, Prepared] = load_checkpoint(checkpoint, cdi_kind)
 
     def update(self, views: Sequence[policy.PoolView]) -> list[SliceDevice]:
         """The node's state after a scan; the devices it publishes now."""
@@ -143,8 +143,14 @@ class Preparer:
         return done.devices
 
     def unprepare(self, claim: ClaimRef) -> None:
-        """Idempotent: an unknown claim is already unprepared."""
-        (self.cdi_dir / spec_file(self.driver, claim.uid)).unlink(missing_ok=True)
+        """Idempotent: an unknown claim is already unprepared. Only a spec of ours is removed."""
+        name = spec_file(self.driver, claim.uid)
+        found = _spec_there(self.cdi_dir / name)
+        if found is not None and found.get("kind") != self.cdi_kind:
+            logger.warning("--cdi-dir %s: %s there is not a CDI spec of %s: kept", self.cdi_dir,
+                           name, self.cdi_kind)  # fmt: skip
+        else:
+            (self.cdi_dir / name).unlink(missing_ok=True)
         if self.claims.pop(claim.uid, None) is not None:
             save_checkpoint(self.checkpoint, self.claims)
             logger.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
@@ -170,8 +176,8 @@ class Preparer:
             device = self._devices.get(name)
             if device is None:
                 raise PrepareError(
-                    f"device {name} is not on this node now (withdrawn: its HCA is not usable, "
-                    "or the driver's config changed since the claim was allocated)"
+                    f"device {shown(name)} is not on this node now (withdrawn: its HCA is not "
+                    "usable, or the driver's config changed since the claim was allocated)"
                 )
             view = self._views[device.pool]
             usable = tuple(h.name for h in view.hcas if h.name in device.hcas)
@@ -283,7 +289,7 @@ def _nccl(claim: ClaimRef, hcas: list[Hca]) -> dict[str, str]:
         return {}
 
 
-def load_checkpoint(path: Path) -> dict[str, Prepared]:
+def load_checkpoint(path: Path, cdi_kind: str) -> dict[str, Prepared]:
     """The claims prepared before; none when there is no checkpoint. One that cannot be read is
     kept aside (never overwritten unread) and said: its claims are prepared again on demand."""
     try:
@@ -296,11 +302,13 @@ def load_checkpoint(path: Path) -> dict[str, Prepared]:
         claims: dict[str, Prepared] = {}
         for uid, entry in cast(dict[str, Any], doc["claims"]).items():
             try:
-                claims[str(uid)] = _prepared(entry)
+                if not _UID.fullmatch(str(uid)):
+                    raise ValueError("not a UID")
+                claims[str(uid)] = _prepared(entry, cdi_kind)
             except (ValueError, KeyError, TypeError, AttributeError):
                 # one claim's entry: that claim is prepared afresh when asked, the rest kept
                 logger.warning("checkpoint %s: claim %s is not as this driver writes it: left out",
-                               path, uid)  # fmt: skip
+                               path, shown(uid))  # fmt: skip
         return claims
     except UnreadableError as exc:
         if exc.missing:
@@ -328,16 +336,25 @@ def _spec_there(path: Path) -> dict[str, Any] | None:
 
 
 def _is_cdi_device(device: Any) -> bool:
+    """A device as cdi.spec writes it: a name, and edits of device nodes and env only (a
+    checkpoint that says more, a mount of the host, was not written by this driver)."""
     if not isinstance(device, dict):
         return False
     named = cast(dict[str, Any], device)
-    return isinstance(named.get("name"), str) and isinstance(named.get("containerEdits"), dict)
+    edits = named.get("containerEdits")
+    return (
+        isinstance(named.get("name"), str)
+        and isinstance(edits, dict)
+        and set(cast(dict[str, Any], edits)) <= {"deviceNodes", "env"}
+    )
 
 
-def _prepared(doc: Mapping[str, Any]) -> Prepared:
-    """A checkpoint entry, checked as what goes back to the runtime: a spec of devices each
-    with a name and its edits, and the devices' IDs as text."""
+def _prepared(doc: Mapping[str, Any], cdi_kind: str) -> Prepared:
+    """A checkpoint entry, checked as what goes back to the runtime: a spec of this driver's
+    kind, of devices each with a name and its edits, and the devices' IDs as text."""
     spec = dict(doc["spec"])
+    if spec.get("kind") != cdi_kind:
+        raise ValueError(f"its CDI spec is not of {cdi_kind}")
     devices = spec["devices"]
     if not isinstance(devices, list) or not all(
         _is_cdi_device(d) for d in cast(list[Any], devices)

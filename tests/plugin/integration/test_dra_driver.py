@@ -703,12 +703,24 @@ async def _prepare(driver: Driver, uid: str) -> v1.NodePrepareResourceResponse:
     return answer.claims[uid]
 
 
+HOST_MOUNT = {"name": "u-2-hca-0", "containerEdits": {
+    "mounts": [{"hostPath": "/", "containerPath": "/host"}]}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("uid", "spec"),
+    [("u-2", {"devices": 5}),
+     ("u-2", {**GOOD_ENTRY["spec"], "kind": "vendor.example/gpu"}),
+     ("u-2", {**GOOD_ENTRY["spec"], "devices": [HOST_MOUNT]}),
+     ("../../u-2", GOOD_ENTRY["spec"])],
+    ids=["devices-not-a-list", "another-kind", "a-host-mount", "uid-a-path"],
+)  # fmt: skip
 async def test_a_checkpoint_entry_not_as_the_driver_writes_it_is_left_out_the_rest_kept(
-    short_tmp: Path, tree: SysfsTree
+    short_tmp: Path, tree: SysfsTree, uid: str, spec: object
 ) -> None:
     driver = Driver(short_tmp, tree)
-    bad = {**GOOD_ENTRY, "spec": {"devices": 5}}
-    _checkpoint(driver, {"u-1": GOOD_ENTRY, "u-2": bad})
+    bad = {**GOOD_ENTRY, "spec": spec}
+    _checkpoint(driver, {"u-1": GOOD_ENTRY, uid: bad})
     await driver.start()
     try:
         kept, left_out = await _prepare(driver, "u-1"), await _prepare(driver, "u-2")
@@ -719,7 +731,7 @@ async def test_a_checkpoint_entry_not_as_the_driver_writes_it_is_left_out_the_re
     assert [d.device_name for d in kept.devices] == ["hca-0"]
     assert left_out.error.startswith("cannot read claim default/c: ")  # prepared afresh: no API
     assert not (driver.spec.cdi_dir / "rdma.lingjun-rdma.io-u-2.json").exists()
-    assert "claim u-2 is not as this driver writes it: left out" in driver.log.read_text()
+    assert f"claim '{uid}' is not as this driver writes it: left out" in driver.log.read_text()
 
 
 @pytest.mark.parametrize(
@@ -741,12 +753,21 @@ async def test_what_is_not_our_spec_where_a_claims_spec_goes_is_that_claims_erro
     await driver.start()
     try:
         answer = await _prepare(driver, "u-1")
+        target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
+        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+            await v1_grpc.DRAPluginStub(channel).NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(
+                    claims=[v1.Claim(namespace="default", uid="u-1", name="c")]
+                ),
+                timeout=30,
+            )
     finally:
         assert await driver.stop() == 0
 
     assert said in answer.error
     assert not answer.devices
-    assert path.is_dir() or path.read_text() == "someone's notes\n"  # kept as it was
+    # kept as it was, by the prepare and by the unprepare
+    assert path.is_dir() or path.read_text() == "someone's notes\n"
 
 
 async def test_a_stale_spec_of_ours_is_written_again(short_tmp: Path, tree: SysfsTree) -> None:
