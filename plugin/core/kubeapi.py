@@ -16,6 +16,7 @@ import re
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,10 @@ from plugin.core.userfiles import (
 )
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-_TIMEOUT = 15.0
+_TIMEOUT = 15.0  # each connect and read
+_DEADLINE = 30.0  # a whole answer
+# An answer's body at most: a node's ResourceSlices or an Event are kilobytes.
+_BODY_MAX = 16 << 20
 # A token file's size at most (a service account's JWT is about 1 KB).
 _TOKEN_MAX = 64 * 1024
 # A bearer token: visible ASCII (RFC 6750's b64token and more), as a header carries it.
@@ -251,7 +255,7 @@ class KubeApi:
         try:
             conn.request(method, target, body=data, headers=headers)
             response = conn.getresponse()
-            text = response.read().decode(errors="replace")
+            text = _body(response, time.monotonic() + _DEADLINE).decode(errors="replace")
         except (OSError, http.client.HTTPException) as exc:
             raise KubeApiError(f"{method} {path}: {exc}") from None
         finally:
@@ -274,6 +278,22 @@ class KubeApi:
                 f"({len(text)} characters): is the kubeconfig's server an API server?",
                 response.status,
             ) from None
+
+
+def _body(response: http.client.HTTPResponse, deadline: float) -> bytes:
+    """The answer's body, read by chunks: at most _BODY_MAX bytes (a server streaming without
+    end took the process to gigabytes) and by `deadline` (one dripping a byte a second kept a
+    prepare waiting for minutes: each read alone is within the socket's timeout)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := response.read1(64 * 1024):
+        size += len(chunk)
+        if size > _BODY_MAX:
+            raise OSError(f"the answer is over {_BODY_MAX >> 20} MiB: not read further")
+        if time.monotonic() > deadline:
+            raise OSError(f"the answer took over {_DEADLINE:g}s: not read further")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _named(items: Any, name: str, default: Any = None) -> Any:

@@ -306,11 +306,16 @@ def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
 
 
 class OddApi:
-    """An HTTPS server that gives every request the same answer (`by_path` excepted): what a
-    proxy in the way, or a failing API server, says."""
+    """An HTTPS server that gives every request the same answer (`by_path` excepted, or one
+    without end): what a proxy in the way, or a failing API server, says."""
 
     def __init__(
-        self, root: Path, status: int, body: bytes, by_path: dict[str, bytes] | None = None
+        self,
+        root: Path,
+        status: int,
+        body: bytes,
+        by_path: dict[str, bytes] | None = None,
+        endless: bool = False,
     ) -> None:
         key, cert = root / "api.key", root / "api.crt"
         subprocess.run(
@@ -322,6 +327,13 @@ class OddApi:
         class Answer(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 answer = (by_path or {}).get(self.path.partition("?")[0], body)
+                if endless:  # a chunked body without end, until the reader goes
+                    self.send_response(status)
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    with contextlib.suppress(OSError):
+                        while True:
+                            self.wfile.write(b"10000\r\n" + b"x" * 0x10000 + b"\r\n")
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
@@ -392,6 +404,29 @@ async def test_an_odd_api_answer_is_one_bounded_line_and_the_driver_serves_on(
     assert max(len(line) for line in log.splitlines()) < 1000
     assert not [line for line in log.splitlines() if line.startswith("INJECTED")]
     assert code == 0
+
+
+async def test_an_answer_without_end_is_read_up_to_its_bound_and_the_driver_serves_on(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    api = OddApi(short_tmp, 200, b"", endless=True)
+    driver = Driver(short_tmp, tree, api.url)
+    await driver.start()
+    try:
+        for _ in range(300):
+            if "the answer is over 16 MiB: not read further" in driver.log.read_text():
+                break
+            await asyncio.sleep(0.1)
+        assert driver.proc is not None
+        assert driver.proc.returncode is None
+        status = await asyncio.to_thread(Path(f"/proc/{driver.proc.pid}/status").read_text)
+    finally:
+        assert await driver.stop() == 0
+        api.close()
+
+    assert "the answer is over 16 MiB: not read further" in driver.log.read_text()
+    (rss,) = (int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+    assert rss < 512 * 1024  # kB: the bound holds (unbounded, it grew by gigabytes)
 
 
 def test_a_node_name_from_the_env_is_checked_as_the_flag_is() -> None:
