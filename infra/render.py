@@ -47,7 +47,7 @@ from infra.offline import (
 )
 from infra.stackfiles import StackFileError, stack_config, stack_name
 from plugin.config import ConfigError
-from plugin.core.terminal import Parser, say
+from plugin.core.terminal import Parser, one_line, say
 from plugin.core.userfiles import (
     MAX_FILE_BYTES,
     UnreadableError,
@@ -207,6 +207,12 @@ def render(stack: str, out: Path, overrides: list[str] | None = None) -> list[Pa
         check_out(out)
     except OSError as exc:  # a name too long, a dir that cannot be entered, a cwd gone
         raise OutputError(f"--out {out}: {exc.strerror or exc}") from None
+    except OutputError:
+        raise
+    except RuntimeError:  # pathlib's "Symlink loop from ..."
+        raise OutputError(
+            f"--out {out}: a symbolic link on its path leads back to itself: fix the link"
+        ) from None
     config, secret_keys = stack_config(stack, overrides)
     with deferred():  # Pulumi's mock engine is an asyncio loop
         result = run_program(stack, config, secret_keys)
@@ -345,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     stack = args.stack if len(args.stack) <= 100 else shown(args.stack)
     try:
         files = render(args.stack, args.out, args.set)
-    except (OutputError, StackFileError) as exc:
-        say(f"render: {stack}: error: {exc}")
+    except (OutputError, StackFileError) as exc:  # one line, whatever the path holds
+        say(f"render: {stack}: error: {one_line(str(exc), 2000)}")
         return 2
     except (RenderError, StackConfigError, JobSpecError, ConfigError) as exc:
         say(f"render: {stack}: error:\n{exc}")
@@ -355,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         say(f"render: {stack}: error: {where}{exc.strerror or exc}")
         return 2
-    wrote = f"render: {stack}: wrote {len(files)} files to {args.out}"
+    wrote = f"render: {stack}: wrote {len(files)} files to {one_line(str(args.out))}"
     try:
         print(wrote, flush=True)
     except OSError as exc:  # the render is done: only its report could not be printed

@@ -1114,6 +1114,24 @@ def test_an_out_that_is_a_link_to_nothing_is_refused_and_nothing_made_there(
     assert not (tmp_path / "elsewhere").exists()
 
 
+def test_an_out_with_a_line_break_is_said_on_one_line(tmp_path: Path) -> None:
+    done = _cli("infra.render", "--stack", "local", "--out", "x\nINJECTED", cwd=tmp_path)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["render: local: wrote 10 files to x\\nINJECTED"]
+    assert (tmp_path / "x\nINJECTED").is_dir()
+
+
+def test_an_out_under_a_symlink_loop_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+
+    done = _cli("infra.render", "--stack", "dev", "--out", "loop/out", cwd=tmp_path)
+
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "a symbolic link on its path leads back to itself" in done.stderr
+
+
 def test_an_existing_empty_out_keeps_its_owner_group_and_mode(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
