@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import math
+import socket
 from collections.abc import Callable, Mapping
 from typing import Literal
 
@@ -253,3 +255,15 @@ async def serve_http(
     bound = ", ".join(f"{a[0]}:{a[1]}" for a in (s.getsockname() for s in server.sockets))
     logger.info("metrics and /healthz on %s", bound)  # the port the kernel chose for :0
     return server
+
+
+def listen_problem(exc: Exception, port: int) -> str:
+    """Why --metrics-address cannot be listened on, in words, without its host (a slip there
+    can be anything, a password typed into the wrong flag)."""
+    if isinstance(exc, socket.gaierror):
+        return "its host does not resolve here: give an IP address of this node, or its name"
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return f"port {port} is in use (another instance, or another program): pick a free port"
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL:
+        return "its host is not an address of this node: give one of this node's addresses"
+    return f"cannot listen there ({exc.strerror if isinstance(exc, OSError) else exc})"

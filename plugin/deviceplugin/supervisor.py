@@ -16,7 +16,7 @@ from plugin.core.discovery.model import Discovery
 from plugin.core.events import DirWatcher
 from plugin.core.health import HealthWatcher
 from plugin.core.kubeapi import KubeApi
-from plugin.core.metrics import serve_http
+from plugin.core.metrics import listen_problem, serve_http
 from plugin.core.node_events import NodeEvents
 from plugin.core.problems import REGISTRATION, Problem
 from plugin.core.scrape import metrics_for
@@ -85,8 +85,8 @@ async def run(
             )
         except (OSError, ValueError) as exc:
             say(
-                f"rdma-device-plugin: --metrics-address {spec.metrics_address}: {exc}: "
-                "use a free HOST:PORT, or an empty value to disable"
+                f"rdma-device-plugin: --metrics-address: {listen_problem(exc, spec.metrics_port)} "
+                "(or an empty value to disable)"
             )
             return 2
 

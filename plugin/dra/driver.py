@@ -17,7 +17,7 @@ from plugin.core import pool as policy
 from plugin.core.discovery.model import Discovery
 from plugin.core.health import HealthWatcher
 from plugin.core.kubeapi import KubeApi
-from plugin.core.metrics import serve_http
+from plugin.core.metrics import listen_problem, serve_http
 from plugin.core.node_events import NodeEvents
 from plugin.core.problems import REGISTRATION, Problem
 from plugin.core.scrape import metrics_for
@@ -126,7 +126,7 @@ async def run(
                 spec.metrics_host, spec.metrics_port, metrics, lambda: registered
             )
         except (OSError, ValueError) as exc:
-            say(f"{PROG}: --metrics-address {spec.metrics_address}: {exc}: use a free HOST:PORT")
+            say(f"{PROG}: --metrics-address: {listen_problem(exc, spec.metrics_port)}")
             return 2
 
     loop = asyncio.get_running_loop()

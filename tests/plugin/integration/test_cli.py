@@ -4,6 +4,7 @@ flag or the file and the fix, never a traceback, and never blocks on what it rea
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,30 @@ async def test_a_metrics_address_without_a_port_0_to_65535_is_refused(
     said = f"--metrics-address text of {len(value)} characters: expected HOST:PORT with a port"
     assert said in output
     assert value not in output  # never quoted: a secret typed into the wrong flag stays unsaid
+
+
+@pytest.mark.parametrize(
+    ("host", "said"),
+    [("Hunter2Secret", "its host does not resolve here"),
+     ("256.1.1.1", "its host does not resolve here"),
+     ("192.0.2.1", "its host is not an address of this node"),
+     ("127.0.0.1", "is in use (another instance, or another program): pick a free port")],
+    ids=["a-password", "not-an-ip", "not-ours", "port-taken"],
+)  # fmt: skip
+async def test_a_metrics_address_that_cannot_be_listened_on_is_said_without_its_value(
+    plugin: PluginProcess, host: str, said: str
+) -> None:
+    taken = socket.create_server(("127.0.0.1", 0))
+    value = f"{host}:{taken.getsockname()[1]}"
+    try:
+        output = await _refused(plugin, None, f"--metrics-address={value}")
+    finally:
+        taken.close()
+
+    (line,) = [x for x in output.splitlines() if "--metrics-address" in x]
+    assert said in line
+    assert host not in output
+    assert "Errno" not in line
 
 
 def _fifo(root: Path) -> Path:
