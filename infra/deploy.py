@@ -19,9 +19,11 @@ if __name__ == "__main__":  # before the imports below, which are most of a shor
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -34,6 +36,7 @@ from infra.keys import PROJECT, PROJECT_DIR, StackConfigError
 from infra.program import main as program_main
 from infra.stackfiles import StackFileError, stack_config, stack_name
 from plugin.core.terminal import STOPS, Parser, say
+from plugin.core.userfiles import described
 
 ACTIONS = ("preview", "up", "refresh", "destroy")
 
@@ -144,6 +147,11 @@ INSTALL = (
 )
 
 
+# What `pulumi version` prints: v3.277.0 (a dev build adds -dev.0 and more).
+_VERSION = re.compile(r"v?[0-9]+\.[0-9]+\.[0-9]+[0-9A-Za-z.+-]*")
+_VERSION_MAX = 4096
+
+
 class DeployError(RuntimeError):
     """What keeps a deploy from starting: one line naming it and the fix."""
 
@@ -200,35 +208,53 @@ def pulumi_cli() -> auto.PulumiCommand:
 
 def _version_within(pulumi: str, seconds: float) -> None:
     """`pulumi version`, in a session of its own: a hung one is killed with all it started,
-    and so is one a stop signal interrupts (it holds no state to cancel)."""
+    and so is one a stop signal interrupts (it holds no state to cancel). Its answer goes to a
+    file, read once it exits: a child it leaves behind holding a pipe open is not waited for.
+    What it printed must be a version (the Automation API's own check calls anything else
+    'probably an internal error')."""
     env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"}
     slow = threading.Timer(1.0, say, [f"deploy: waiting for `{pulumi} version` to answer"])
     slow.start()
     try:
-        with subprocess.Popen(
-            [pulumi, "version"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        ) as proc:
+        with (
+            tempfile.TemporaryFile() as out,
+            subprocess.Popen(
+                [pulumi, "version"],
+                stdout=out,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            ) as proc,
+        ):
             _checking_version.set()
             try:
-                proc.communicate(timeout=seconds)
+                proc.wait(timeout=seconds)
             except BaseException:  # the timeout, or a KeyboardInterrupt of a stop signal
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 raise
             finally:
                 _checking_version.clear()
+            out.seek(0)
+            answer = out.read(_VERSION_MAX)
     finally:
         slow.cancel()
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, [pulumi, "version"])
+    text = answer.decode()  # UnicodeDecodeError: said by the caller
+    if not _VERSION.fullmatch(text.strip()):
+        raise DeployError(
+            f"{pulumi}: `pulumi version` printed {described(text)}, not a version like "
+            f"v3.277.0: {INSTALL}"
+        )
 
 
 def check_project(project_dir: Path, stack: str) -> None:
     """The project's files read as the program will read them: one line for what is wrong."""
+    if project_dir.exists() and not project_dir.is_dir():
+        raise DeployError(
+            f"--project-dir {project_dir}: not a directory: name this project's checkout"
+        )
     if not (project_dir / "Pulumi.yaml").exists():
         raise DeployError(
             f"--project-dir {project_dir}: no Pulumi.yaml there: name this project's checkout"

@@ -320,11 +320,12 @@ def why_not_writable(directory: Path) -> str | None:
 
 def write_atomically(path: Path, text: str) -> None:
     """`path` holds `text` whole, or is left as it was; only a regular file (or none) is
-    replaced: a device, FIFO, symlink or directory there is refused, never overwritten."""
+    replaced, keeping its permissions (a file made 0600 stays so), else 0644: a device, FIFO,
+    symlink or directory there is refused, never overwritten."""
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
-        mode = stat.S_IFREG
+        mode = stat.S_IFREG | 0o644
     if not stat.S_ISREG(mode):
         raise OSError(
             errno.EEXIST, f"is {file_kind(mode)}, not a regular file: name a file to write"
@@ -335,7 +336,7 @@ def write_atomically(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())  # whole on disk before it has the name (a crash, a reboot)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, stat.S_IMODE(mode))
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):

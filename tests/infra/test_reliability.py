@@ -251,19 +251,28 @@ def _fake_pulumi(directory: Path, script: str) -> str:
          "`pulumi version` printed bytes that are not text, not a version"),
         (lambda d: _fake_pulumi(d, "#!/nonexistent/sh\necho v3.277.0\n"), (),
          "cannot be run: the interpreter its first line (#!) names is missing"),
+        (lambda d: _fake_pulumi(d, "#!/bin/sh\nprintf '\\033[1mv3\\033[0m\\nwarning\\n'\n"),
+         (), "`pulumi version` printed text of 19 characters, not a version like v3.277.0"),
+        (lambda d: _fake_pulumi(d, "#!/bin/sh\n"), (),
+         "`pulumi version` printed empty text, not a version"),
+        (lambda d: _fake_pulumi(d, "#!/bin/sh\necho v3.277.0\nsleep 600 &\n"), (),
+         "--stack nope: no "),
         (lambda d: None, ("--project-dir", "/nonexistent"),
          "deploy: --project-dir /nonexistent: no Pulumi.yaml there"),
+        (lambda d: None, ("--project-dir", "/etc/hostname"),
+         "deploy: --project-dir /etc/hostname: not a directory"),
         (lambda d: None, ("--stack", "nope"), "deploy: --stack nope: no "),
     ],
     ids=["no-cli", "too-old", "broken", "not-a-program", "a-directory", "a-dangling-link",
-         "not-utf8", "no-interpreter", "no-project", "no-stack"],
+         "not-utf8", "no-interpreter", "ansi-two-lines", "empty", "a-child-holds-stdout",
+         "no-project", "project-a-file", "no-stack"],
 )  # fmt: skip
 def test_deploy_that_cannot_start_says_why_in_one_line(
     tmp_path: Path, setup: object, args: tuple[str, ...], said: str
 ) -> None:
     assert callable(setup)
     path = setup(tmp_path / "bin")
-    stack = () if "--stack" in args else ("--stack", "local")
+    stack = () if "--stack" in args else ("--stack", "nope" if "--stack nope" in said else "local")
 
     done = _cli("infra.deploy", "preview", *stack, *args, cwd=tmp_path, path=path)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from plugin.core.userfiles import (
     read_text,
     shown,
     why_not_writable,
+    write_atomically,
 )
 
 
@@ -158,3 +160,15 @@ def test_yaml_is_read_as_yaml_1_2_reads_it() -> None:
     assert parse_yaml(text) == {
         "a": "yes", "b": "on", "c": True, "d": 17, "e": 15, "f": 31, "g": "1:30", "h": -5,
     }  # fmt: skip
+
+
+def test_a_file_replaced_keeps_its_permissions_and_a_new_one_is_0644(tmp_path: Path) -> None:
+    kept, new = tmp_path / "env", tmp_path / "new"
+    kept.write_text("old\n")
+    kept.chmod(0o600)
+
+    write_atomically(kept, "A=1\n")
+    write_atomically(new, "B=2\n")
+
+    assert (kept.read_text(), stat.S_IMODE(kept.stat().st_mode)) == ("A=1\n", 0o600)
+    assert (new.read_text(), stat.S_IMODE(new.stat().st_mode)) == ("B=2\n", 0o644)
