@@ -144,7 +144,10 @@ class KubeApi:
             step += ": its server"
             server = str(cluster["server"])
             step = f"users: the user named {shown(context.get('user', ''))}"
-            entry = _named(config.get("users") or [], context.get("user", ""), {})
+            # a context without a user is anonymous; one naming a user that is not there is a
+            # slip (kubectl refuses it too), not a wish to be anonymous
+            named_user = context.get("user") or None
+            entry: Any = _named(config.get("users") or [], named_user) if named_user else {}
             found: Any = entry.get("user") or {}
             if not isinstance(found, dict):
                 raise TypeError

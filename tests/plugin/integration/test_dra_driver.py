@@ -855,3 +855,21 @@ async def test_a_stop_during_a_prepare_waiting_on_a_silent_api_server_is_prompt_
     assert code == 0
     log = driver.log.read_text()
     assert "Traceback" not in log, log[log.find("Traceback") - 500 :]
+
+
+def test_a_context_naming_a_user_that_is_not_there_is_refused_not_anonymous(
+    tmp_path: Path,
+) -> None:
+    config = _kubeconfig({"server": SERVER, "insecure-skip-tls-verify": True}, {"token": "t"})
+    config["users"] = [{"name": "someone-else", "user": {"token": "t"}}]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps(config))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "plugin.dra", "--discovery", "sysfs", "--node-name", "n1",
+         "--kubeconfig", str(kubeconfig)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 2, done.stderr
+    assert "users: the user named 'u': not there" in done.stderr
