@@ -32,6 +32,11 @@ def read(path: Path) -> str | None:
         return None
 
 
+# What the kernel lets an RDMA device be named (dev_valid_name, IB_DEVICE_NAME_MAX): no '/',
+# no white space, at most 63 characters; printable here, as iproute2 shows them.
+_IBDEV = re.compile(r"[!-.0-~]{1,63}")
+
+
 class SysfsDiscovery:
     """Reads /sys/class/infiniband*, /sys/class/net and device nodes under dev_root."""
 
@@ -46,13 +51,18 @@ class SysfsDiscovery:
 
     def scan(self) -> Inventory:
         class_ib = self.sysfs / "class" / "infiniband"
-        names = sorted(os.listdir(class_ib)) if class_ib.is_dir() else []
+        listed = sorted(os.listdir(class_ib)) if class_ib.is_dir() else []
+        names = [n for n in listed if _IBDEV.fullmatch(n) and n not in (".", "..")]
         verbs = self._chardev_owners("infiniband_verbs")
         mads = self._chardev_owners("infiniband_mad")
         hcas = [self._read_isolated(name, verbs, mads) for name in names]
-        errors: tuple[str, ...] = ()
+        errors = tuple(  # never from the kernel: a name there goes to env vars and log lines
+            f"{class_ib}: {shown(n)} is not a name the kernel gives an RDMA device: left out"
+            for n in listed
+            if n not in names
+        )
         if not (self.sysfs / "class").is_dir():
-            errors = (
+            errors += (
                 f"{self.sysfs / 'class'} does not exist: --sysfs-root must name where sysfs is "
                 "mounted (/sys)",
             )

@@ -369,3 +369,17 @@ def test_the_pcie_root_is_found_as_kubernetes_finds_it(
         _bus_link(tmp_path, target)
 
     assert pcie_root_of(tmp_path, address) == root
+
+
+@pytest.mark.parametrize("name", ["rxe\nINJECTED", "rxe 1", "r" * 64, "rxé"])
+def test_a_device_name_the_kernel_never_gives_is_left_out_and_said(
+    tmp_path: Path, name: str
+) -> None:
+    tree = SysfsTree(tmp_path).add_rxe("rxe0", "veth0").add_rxe(name, "veth1")
+
+    inventory = SysfsDiscovery(tree.sys, tree.dev).scan()
+
+    assert [h.name for h in inventory.hcas] == ["rxe0"]
+    (error,) = inventory.errors
+    assert error.endswith("is not a name the kernel gives an RDMA device: left out")
+    assert "\n" not in error
