@@ -53,8 +53,9 @@ class KubeApiError(RuntimeError):
 
 
 # Ways to log in that this client does not take (kubectl runs a plugin for exec and
-# auth-provider; basic auth is gone from Kubernetes).
-_UNSUPPORTED = ("exec", "auth-provider", "username", "password")
+# auth-provider; basic auth is gone from Kubernetes), and impersonation (dropped, every call
+# would be made as someone else than the kubeconfig says).
+_UNSUPPORTED = ("exec", "auth-provider", "username", "password", "as", "as-groups", "as-uid")
 
 
 async def in_background(call: Callable[[], T]) -> T:
@@ -308,6 +309,11 @@ def _named(items: Any, name: str, default: Any = None) -> Any:
     raise KeyError(name)
 
 
+def _no_passphrase() -> str:
+    """Asked for an encrypted key's passphrase (OpenSSL would prompt on a terminal, or wait)."""
+    raise ValueError("the client key is encrypted: give its unencrypted PEM")
+
+
 def _client_cert(where: str, tls: ssl.SSLContext, user: dict[str, Any]) -> None:
     """A client certificate from files or inline data (ssl loads only files: inline data goes
     through a private temporary dir, removed at once)."""
@@ -315,7 +321,7 @@ def _client_cert(where: str, tls: ssl.SSLContext, user: dict[str, Any]) -> None:
         cert, key = str(user["client-certificate"]), user.get("client-key")
         # a cert without its key, or a key of another cert: both named, the pair is the problem
         named = "client-certificate" if key is None else "client-certificate and client-key"
-        _field(where, named, lambda: tls.load_cert_chain(cert, key), cert)
+        _field(where, named, lambda: tls.load_cert_chain(cert, key, _no_passphrase), cert)
     elif "client-certificate-data" in user:
         pem = _field(
             where,
@@ -332,4 +338,4 @@ def _client_cert(where: str, tls: ssl.SSLContext, user: dict[str, Any]) -> None:
             cert.write_bytes(pem)
             key.write_bytes(key_pem)
             _field(where, "client-certificate-data and client-key-data",
-                   lambda: tls.load_cert_chain(str(cert), str(key)))  # fmt: skip
+                   lambda: tls.load_cert_chain(str(cert), str(key), _no_passphrase))  # fmt: skip

@@ -284,11 +284,16 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
          "insecure-skip-tls-verify: text of 5 characters, not true or false"),
         ({"server": SERVER, "insecure-skip-tls-verify": True}, {"token": ["S3cret"]},
          "token: a list of 1, not text"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True}, {"token": "t", "as": "admin"},
+         "as is not supported here"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True}, {"client-key": "ENCRYPTED"},
+         "client-certificate and client-key: the client key is encrypted: give its unencrypted"),
     ],
     ids=["ca-not-base64", "ca-not-text", "ca-not-pem", "ca-file-missing", "port-out-of-range",
          "bad-ipv6", "cert-not-base64", "cert-file-missing", "token-fifo", "token-dev-zero",
          "token-missing", "exec", "auth-provider", "basic-auth", "proxy", "token-newline",
-         "user-a-list", "no-server", "tls-skip-as-text", "token-a-list"],
+         "user-a-list", "no-server", "tls-skip-as-text", "token-a-list", "impersonation",
+         "key-encrypted"],
 )  # fmt: skip
 def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
     tmp_path: Path, cluster: dict[str, object], user: object, said: str
@@ -296,6 +301,14 @@ def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
     if isinstance(user, dict) and user.get("tokenFile") == "FIFO":
         os.mkfifo(tmp_path / "fifo")
         user = {"tokenFile": str(tmp_path / "fifo")}
+    if isinstance(user, dict) and user.get("client-key") == "ENCRYPTED":  # OpenSSL would prompt
+        key, cert = tmp_path / "c.key", tmp_path / "c.crt"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-days", "1", "-subj", "/CN=u",
+             "-keyout", str(key), "-out", str(cert), "-passout", "pass:S3cret"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        user = {"client-certificate": str(cert), "client-key": str(key)}
     kubeconfig, done = _driver_with(tmp_path, cluster, user)
 
     assert done.returncode == 2, done.stderr
