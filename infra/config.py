@@ -614,6 +614,13 @@ def _samples(k: Keys, images: Mapping[str, str]) -> tuple[tuple[SampleJob, ...],
                 f"{_key(sample.image_key)}: required because {_key('sampleJobs')} enables "
                 f"{name} {_set(sample.image_key, '<image>:<tag>')}"
             )
-        elif reference_problem(images[sample.image_key]) is None:  # else said with the keys
+        elif reference_problem(images[sample.image_key]) is not None:
+            pass  # said with the keys
+        elif not is_pinned(images[sample.image_key]):  # as the plugin's: a rerun gets the same
+            problems.append(
+                f"{_key(sample.image_key)}: not pinned: give a digest or a tag other than "
+                f"latest {_set(sample.image_key, '<image>:<tag>')}"
+            )
+        else:
             samples.append(SampleJob(name, images[sample.image_key]))
     return tuple(samples), problems

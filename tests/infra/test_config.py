@@ -222,6 +222,13 @@ def test_pinned_plugin_images_are_accepted(image: str) -> None:
     assert is_pinned(image)
 
 
+@pytest.mark.parametrize("image", ["registry.x/a:latest", "registry.x/a", "localhost:5000/a"])
+def test_an_unpinned_sample_image_is_refused_as_the_plugins_is(image: str) -> None:
+    message = _error(perftestImage=image, sampleJobs='["perftest"]')
+
+    assert "lingjun-rdma:perftestImage: not pinned: give a digest or a tag" in message
+
+
 def test_plugin_image_and_build_together_are_refused() -> None:
     message = _error(pluginImageBuild="true")
 
