@@ -52,9 +52,10 @@ def find_stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> Path:
     """stacks/Pulumi.<stack>.yaml, or StackFileError naming the stacks there are."""
     if not _STACK_NAME.fullmatch(stack):
         raise StackFileError(f"--stack {described(stack)}: {_STACK_NAME_RULE}")
-    path = project_dir / "stacks" / f"Pulumi.{stack}.yaml"
+    path = project_dir / STACKS_DIR / f"Pulumi.{stack}.yaml"
     if not os.path.lexists(path):  # one that exists but cannot be read is said by the reader
-        known = sorted(p.name.split(".")[1] for p in (project_dir / "stacks").glob("Pulumi.*.yaml"))
+        found = (project_dir / STACKS_DIR).glob("Pulumi.*.yaml")
+        known = sorted(p.name.split(".")[1] for p in found)
         raise StackFileError(f"--stack {stack}: no {path}; stacks: {', '.join(known) or 'none'}")
     return path
 
@@ -150,6 +151,8 @@ def stack_config(
 # A config key as Pulumi spells one: `name`, or `namespace:name`.
 _CONFIG_KEY = re.compile(r"(?:[A-Za-z][A-Za-z0-9_.-]*:)?[A-Za-z][A-Za-z0-9_.-]*")
 # What a stack file holds besides `config:` (Pulumi's own keys for its secrets provider).
+# Where the stack files are (Pulumi.yaml's stackConfigDir, which the CLI follows).
+STACKS_DIR = "stacks"
 _STACK_FILE_KEYS = {"config", "secretsprovider", "encryptedkey", "encryptionsalt", "environment"}
 # The keys a repeat of which is said by name: the stack file's own, and the project's.
 _NAMED = frozenset(_STACK_FILE_KEYS | set(KNOWN_KEYS) | {qualified(k) for k in KNOWN_KEYS})
@@ -177,6 +180,13 @@ def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
         raise StackFileError(
             f"{where}: unknown top-level key, {name}: {fix} (the stack's settings go under "
             "`config:`)"
+        )
+    if project and top.get("stackConfigDir", STACKS_DIR) != STACKS_DIR:
+        # the CLI would read the stacks elsewhere than render, deploy's checks and the tests
+        raise StackFileError(
+            f"{where}: stackConfigDir is {described(top['stackConfigDir'])}, not {STACKS_DIR}: "
+            f"this project's stacks live in {STACKS_DIR}/ (restore `stackConfigDir: "
+            f"{STACKS_DIR}`)"
         )
     config: Any = top.get("config") or {}
     if not isinstance(config, dict):

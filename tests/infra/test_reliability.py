@@ -628,6 +628,19 @@ def test_a_pulumi_yaml_of_another_project_is_refused(tmp_path: Path) -> None:
         stack_config("x", project_dir=project)
 
 
+def test_a_stack_config_dir_elsewhere_is_refused_not_silently_ignored(tmp_path: Path) -> None:
+    project = _project_copy(tmp_path, "config: {}\n")
+    text = (project / "Pulumi.yaml").read_text()
+    (project / "Pulumi.yaml").write_text(
+        text.replace("stackConfigDir: stacks", "stackConfigDir: nowhere")
+    )
+
+    with pytest.raises(StackFileError) as caught:
+        stack_config("x", project_dir=project)
+
+    assert "Pulumi.yaml: stackConfigDir is text of 7 characters, not stacks" in str(caught.value)
+
+
 def test_a_key_pulumi_yaml_declares_but_the_program_does_not_read_is_named_there(
     tmp_path: Path,
 ) -> None:
