@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         files = render(args.stack, args.out, args.set)
     except (OutputError, StackFileError) as exc:  # one line, whatever the path holds
-        say(f"render: {stack}: error: {one_line(str(exc), 2000)}")
+        say(f"render: {stack}: error: {one_line(str(exc), 2000, keep_end=True)}")
         return 2
     except (RenderError, StackConfigError, JobSpecError, ConfigError) as exc:
         say(f"render: {stack}: error:\n{exc}")

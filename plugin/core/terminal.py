@@ -45,11 +45,16 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 PEER_TEXT_MAX = 300
 
 
-def one_line(text: str, limit: int = PEER_TEXT_MAX) -> str:
+def one_line(text: str, limit: int = PEER_TEXT_MAX, *, keep_end: bool = False) -> str:
     """Text a peer sent (a kubelet's refusal, an API server's message, a claim's name) as one
-    bounded line: cut at `limit` characters, its control characters escaped."""
+    bounded line: cut at `limit` characters, its control characters escaped. `keep_end` cuts
+    in the middle instead, for a message whose reason comes after a long value."""
     if len(text) > limit:
-        text = f"{text[:limit]}… ({len(text)} characters)"
+        if keep_end:
+            half = limit // 2
+            text = f"{text[:half]}… ({len(text)} characters) …{text[-half:]}"
+        else:
+            text = f"{text[:limit]}… ({len(text)} characters)"
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
