@@ -4,6 +4,8 @@ what it may not: a field this list does not know could be a credential, so it ne
 
 from __future__ import annotations
 
+import base64
+import re
 from collections.abc import Mapping, Set
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -51,6 +53,12 @@ _NAMED = {
     "contexts": ("context", {"cluster", "user", "namespace"}),
 }
 _URLS = {"server", "proxy-url"}
+# Inline certificates: safe only when they are certificates and nothing else (a bundle pasted
+# there can carry the private key too).
+_CERTIFICATES = {"certificate-authority-data", "client-certificate-data"}
+_PEM_CERTIFICATES = re.compile(
+    r"\s*(-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----\s*)+"
+)
 # Fields named in a message when they hold what may be a credential. Any other key is not
 # quoted: a mistyped line (`{token:abc}` is one key) can make a secret a key.
 _NAMEABLE = (
@@ -114,6 +122,8 @@ def _entries(key: str, value: object) -> str | None:
                 return f"{key}[{i}].{entry_key}.{_named(field)}"
             if field in _URLS and _url_may_hold_credential(v):
                 return f"{key}[{i}].{entry_key}.{field} (a login, query or fragment in the URL)"
+            if field in _CERTIFICATES and not _only_certificates(v):
+                return f"{key}[{i}].{entry_key}.{field} (not PEM certificates alone)"
     return None
 
 
@@ -128,6 +138,15 @@ def _url_may_hold_credential(url: object) -> bool:
     except ValueError:
         return True
     return parts is None or "@" in parts.netloc or bool(parts.query or parts.fragment)
+
+
+def _only_certificates(data: object) -> bool:
+    """Base64 of PEM certificates and nothing else: no private key, no other block."""
+    try:
+        pem = base64.b64decode(data, validate=True).decode("ascii") if isinstance(data, str) else ""
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return _PEM_CERTIFICATES.fullmatch(pem) is not None
 
 
 def kubeconfig_problem(text: str) -> str | None:

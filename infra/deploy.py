@@ -31,6 +31,18 @@ from pathlib import Path
 
 from pulumi import automation as auto
 
+# The Automation API's own version rule, applied to the version our bounded check read (its
+# PulumiCommand() would run `pulumi version` a second time, without a bound).
+from pulumi.automation._cmd import (  # pyright: ignore[reportPrivateUsage]
+    _parse_and_validate_pulumi_version,  # pyright: ignore[reportPrivateUsage]
+)
+from pulumi.automation._env import (  # pyright: ignore[reportPrivateUsage]
+    _SKIP_VERSION_CHECK_VAR,  # pyright: ignore[reportPrivateUsage]
+)
+from pulumi.automation._minimum_version import (  # pyright: ignore[reportPrivateUsage]
+    _MINIMUM_VERSION,  # pyright: ignore[reportPrivateUsage]
+)
+
 from infra.interrupt import children, descendants
 from infra.keys import PROJECT, PROJECT_DIR, StackConfigError
 from infra.program import main as program_main
@@ -181,8 +193,7 @@ def pulumi_cli() -> auto.PulumiCommand:
             raise DeployError(f"{where}: {what}, not the CLI: {INSTALL}")
         raise DeployError(f"no `pulumi` CLI on PATH: {INSTALL}")
     try:  # first with a bound: the Automation API's own check would wait forever
-        _version_within(found, _VERSION_TIMEOUT)
-        return auto.PulumiCommand()
+        return _Cli(found, _version_within(found, _VERSION_TIMEOUT))
     except subprocess.TimeoutExpired:
         raise DeployError(
             f"{found}: `pulumi version` did not answer within {_VERSION_TIMEOUT}s: {INSTALL}"
@@ -206,7 +217,21 @@ def pulumi_cli() -> auto.PulumiCommand:
         raise DeployError(f"{found}: cannot be run ({exc}): {INSTALL}") from None
 
 
-def _version_within(pulumi: str, seconds: float) -> None:
+class _Cli(auto.PulumiCommand):
+    """The CLI at `command`, of the version `_version_within` read. PulumiCommand's own
+    constructor is not called: it runs `pulumi version` again with no bound, and waits for
+    every child that keeps its pipe open (a shim's background update check) to end."""
+
+    def __init__(self, command: str, version: str) -> None:
+        self.command = command
+        self.version = _parse_and_validate_pulumi_version(
+            min_version=_MINIMUM_VERSION,
+            current_version=version.removeprefix("v"),
+            opt_out=os.getenv(_SKIP_VERSION_CHECK_VAR) is not None,
+        )
+
+
+def _version_within(pulumi: str, seconds: float) -> str:
     """`pulumi version`, in a session of its own: a hung one is killed with all it started,
     and so is one a stop signal interrupts (it holds no state to cancel). Its answer goes to a
     file, read once it exits: a child it leaves behind holding a pipe open is not waited for.
@@ -247,6 +272,7 @@ def _version_within(pulumi: str, seconds: float) -> None:
             f"{pulumi}: `pulumi version` printed {described(text)}, not a version like "
             f"v3.277.0: {INSTALL}"
         )
+    return text.strip()
 
 
 def check_project(project_dir: Path, stack: str) -> None:

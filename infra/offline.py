@@ -3,8 +3,12 @@ with its inputs as the engine received them (the render's and the tests' source 
 
 from __future__ import annotations
 
+import asyncio
+import atexit
+import functools
 import hashlib
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -125,6 +129,8 @@ def run_program(
     """Run main() under the mock engine with this config; raises what main() raises."""
     mocks = mocks if mocks is not None else RecordingMocks()
     monitor = RecordingMonitor(mocks)
+    # before set_mocks, which binds futures to the current loop; pytest-asyncio leaves none set
+    asyncio.set_event_loop(_mock_engine_loop())
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(config, secret_keys)
     outputs: dict[str, tuple[Any, bool]] = {}
@@ -140,6 +146,31 @@ def run_program(
     return RunResult(
         resources=list(mocks.resources), outputs=outputs, timeouts=dict(monitor.timeouts)
     )
+
+
+@functools.cache
+def _mock_engine_loop() -> asyncio.AbstractEventLoop:
+    """The one event loop of every mocked run in this process (Pulumi keeps Outputs across runs
+    that stay bound to the loop they began on), closed at exit with the loop of each worker
+    thread the mock monitor's calls run on: Pulumi sets one on each and never closes it, and an
+    unclosed loop left to the garbage collector is reported inside whatever runs then."""
+    worker_loops: list[asyncio.AbstractEventLoop] = []
+
+    def give_worker_a_loop() -> None:
+        worker_loops.append(worker_loop := asyncio.new_event_loop())
+        asyncio.set_event_loop(worker_loop)
+
+    loop = asyncio.new_event_loop()
+    executor = ThreadPoolExecutor(initializer=give_worker_a_loop)
+    loop.set_default_executor(executor)
+
+    @atexit.register
+    def close() -> None:  # pyright: ignore[reportUnusedFunction]
+        executor.shutdown()
+        for each in (*worker_loops, loop):
+            each.close()
+
+    return loop
 
 
 def normalize(value: Any) -> Any:

@@ -355,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"render: {stack}: error: {one_line(str(exc), 2000, keep_end=True)}")
         return 2
     except (RenderError, StackConfigError, JobSpecError, ConfigError) as exc:
-        say(f"render: {stack}: error:\n{exc}")
+        for problem in str(exc).splitlines():  # a line per key refused, each a whole message
+            say(f"render: {stack}: error: {problem}")
         return 1
     except OSError as exc:  # the last boundary: a file-system error anywhere, stdout full
         where = f"{exc.filename}: " if exc.filename else ""

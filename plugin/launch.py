@@ -249,7 +249,7 @@ _FLOAT = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+
 def _float(text: str) -> float:
     """A number as written in ASCII decimal notation: float() alone would also take 1_0, other
     scripts' digits, spaces and nan (each range then speaks of what was not typed)."""
-    if not _FLOAT.fullmatch(text.removeprefix("-")) or len(text) > 32:
+    if not _FLOAT.fullmatch(text.removeprefix("-")):  # 400 digits is a number (out of range)
         raise argparse.ArgumentTypeError("not a number like 5 or 0.5")
     return float(text)
 

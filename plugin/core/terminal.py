@@ -88,6 +88,10 @@ class Parser(argparse.ArgumentParser):
             formatter_class=argparse.RawDescriptionHelpFormatter,
             allow_abbrev=False,  # --rescan for --rescan-interval: a later flag would change it
         )
+        # A value that starts with '-' and then a digit, '.', inf or nan is a (negative) number
+        # given to a flag, not a flag: argparse's own rule (-5, -.5) said "expected one
+        # argument" for -1e3 and -inf. No flag of ours starts so.
+        self._negative_number_matcher = re.compile(r"-(\d|\.\d|inf|nan)", re.IGNORECASE)
 
     def print_help(self, file: SupportsWrite[str] | None = None) -> None:
         try:  # the help goes to stdout (argparse passes no other file for it)

@@ -14,9 +14,10 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, cast
 
 from plugin.core import cdi
@@ -46,6 +47,10 @@ class PrepareError(RuntimeError):
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 _UID = re.compile(r"[A-Za-z0-9-]{1,128}")
+# How long the pods a claim is reserved for are read, in all (up to 256 of them, each read
+# bounded on its own): past it the claim gets no NCCL settings, its pods' podenv has them, and
+# the node's other prepares, which wait on this one, go on.
+POD_READS_WITHIN = 5.0
 
 
 def _checked(what: str, value: str, form: re.Pattern[str], kind: str) -> None:
@@ -109,7 +114,7 @@ class Preparer:
         self.dev_root = dev_root
         self._views: dict[str, policy.PoolView] = {}
         self._devices: dict[str, SliceDevice] = {}
-        self.claims: dict[str, Prepared] = load_checkpoint(checkpoint, cdi_kind)
+        self.claims: dict[str, Prepared] = load_checkpoint(checkpoint, cdi_kind, dev_root)
 
     def update(self, views: Sequence[policy.PoolView]) -> list[SliceDevice]:
         """The node's state after a scan; the devices it publishes now."""
@@ -235,7 +240,15 @@ class Preparer:
             return False
         if not pods or len(pods) != len(consumers):
             return False
-        for pod in pods:
+        until = time.monotonic() + POD_READS_WITHIN
+        for done, pod in enumerate(pods):
+            if time.monotonic() > until:
+                logger.warning(
+                    "claim %s/%s: no NCCL settings in its spec: %d of the %d pods it is reserved "
+                    "for read within %gs", claim.namespace, claim.name, done, len(pods),
+                    POD_READS_WITHIN,
+                )  # fmt: skip
+                return False
             try:
                 name = str(pod.get("name"))
                 if not _SUBDOMAIN.fullmatch(name):
@@ -289,7 +302,7 @@ def _nccl(claim: ClaimRef, hcas: list[Hca]) -> dict[str, str]:
         return {}
 
 
-def load_checkpoint(path: Path, cdi_kind: str) -> dict[str, Prepared]:
+def load_checkpoint(path: Path, cdi_kind: str, dev_root: Path) -> dict[str, Prepared]:
     """The claims prepared before; none when there is no checkpoint. One that cannot be read is
     kept aside (never overwritten unread) and said: its claims are prepared again on demand."""
     try:
@@ -304,7 +317,7 @@ def load_checkpoint(path: Path, cdi_kind: str) -> dict[str, Prepared]:
             try:
                 if not _UID.fullmatch(str(uid)):
                     raise ValueError("not a UID")
-                claims[str(uid)] = _prepared(entry, cdi_kind)
+                claims[str(uid)] = _prepared(entry, cdi_kind, dev_root)
             except (ValueError, KeyError, TypeError, AttributeError):
                 # one claim's entry: that claim is prepared afresh when asked, the rest kept
                 logger.warning("checkpoint %s: claim %s is not as this driver writes it: left out",
@@ -335,29 +348,62 @@ def _spec_there(path: Path) -> dict[str, Any] | None:
     return cast(dict[str, Any], found) if isinstance(found, dict) else {}
 
 
-def _is_cdi_device(device: Any) -> bool:
-    """A device as cdi.spec writes it: a name, and edits of device nodes and env only (a
-    checkpoint that says more, a mount of the host, was not written by this driver)."""
-    if not isinstance(device, dict):
+# The character devices an allocation hands out (pool.allocation), by name.
+_CHARDEV = re.compile(r"rdma_cm|(uverbs|umad|issm)[0-9]{1,4}")
+
+
+def _is_device_node(node: Any, host_dir: Path) -> bool:
+    """A device node as cdi.spec writes it: an RDMA character device of `host_dir`, at its
+    place in the container, read-write; a checkpoint naming any other (a disk) was forged."""
+    if not isinstance(node, dict) or set(cast(dict[str, Any], node)) != {
+        "path", "hostPath", "permissions"
+    }:  # fmt: skip
         return False
-    named = cast(dict[str, Any], device)
-    edits = named.get("containerEdits")
+    named = cast(dict[str, Any], node)
+    name = PurePosixPath(str(named["path"])).name
     return (
-        isinstance(named.get("name"), str)
-        and isinstance(edits, dict)
-        and set(cast(dict[str, Any], edits)) <= {"deviceNodes", "env"}
+        _CHARDEV.fullmatch(name) is not None
+        and named["path"] == str(policy.CONTAINER_DEV / name)
+        and named["hostPath"] == str(host_dir / name)
+        and named["permissions"] == "rw"
     )
 
 
-def _prepared(doc: Mapping[str, Any], cdi_kind: str) -> Prepared:
+def _is_cdi_device(device: Any, host_dir: Path) -> bool:
+    """A device as cdi.spec writes it: a name, and edits of RDMA device nodes and text env only
+    (a checkpoint that says more, a mount of the host, was not written by this driver)."""
+    if not isinstance(device, dict) or set(cast(dict[str, Any], device)) != {
+        "name", "containerEdits"
+    }:  # fmt: skip
+        return False
+    named = cast(dict[str, Any], device)
+    edits = named["containerEdits"]
+    if not isinstance(edits, dict) or not set(cast(dict[str, Any], edits)) <= {
+        "deviceNodes", "env"
+    }:  # fmt: skip
+        return False
+    nodes: Any = cast(dict[str, Any], edits).get("deviceNodes", [])
+    env: Any = cast(dict[str, Any], edits).get("env", [])
+    return (
+        isinstance(named["name"], str)
+        and isinstance(nodes, list)
+        and all(_is_device_node(n, host_dir) for n in cast(list[Any], nodes))
+        and isinstance(env, list)
+        and all(isinstance(e, str) for e in cast(list[Any], env))
+    )
+
+
+def _prepared(doc: Mapping[str, Any], cdi_kind: str, dev_root: Path) -> Prepared:
     """A checkpoint entry, checked as what goes back to the runtime: a spec of this driver's
-    kind, of devices each with a name and its edits, and the devices' IDs as text."""
+    kind and nothing else, of devices each with a name and its edits, and the devices' IDs as
+    text."""
     spec = dict(doc["spec"])
-    if spec.get("kind") != cdi_kind:
-        raise ValueError(f"its CDI spec is not of {cdi_kind}")
+    if spec.get("kind") != cdi_kind or not set(spec) <= {"cdiVersion", "kind", "devices"}:
+        raise ValueError(f"its CDI spec is not one of {cdi_kind} as this driver writes it")
     devices = spec["devices"]
+    host_dir = dev_root / "infiniband"
     if not isinstance(devices, list) or not all(
-        _is_cdi_device(d) for d in cast(list[Any], devices)
+        _is_cdi_device(d, host_dir) for d in cast(list[Any], devices)
     ):
         raise ValueError("its CDI spec has no list of named devices")
     return Prepared(

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from infra.keys import PROJECT_DIR
 from infra.offline import Registered, RunResult, manifests, run_program
@@ -16,22 +12,6 @@ from infra.stackfiles import stack_config
 STACKS = tuple(sorted(p.name.split(".")[1] for p in (PROJECT_DIR / "stacks").glob("Pulumi.*.yaml")))
 
 _cache: dict[tuple[str, tuple[str, ...]], RunResult] = {}
-
-
-@pytest.fixture(scope="session")
-def pulumi_mocks_loop() -> Iterator[asyncio.AbstractEventLoop]:
-    """One loop for every mocked run (they share the loop they started on), closed at the end:
-    a loop left to the garbage collector is reported as unclosed inside whichever test runs then."""
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(autouse=True)
-def event_loop_for_pulumi_mocks(pulumi_mocks_loop: asyncio.AbstractEventLoop) -> None:
-    """pulumi.runtime.test runs on the thread's current event loop, and an async test that ran
-    before (pytest-asyncio) leaves none set."""
-    asyncio.set_event_loop(pulumi_mocks_loop)
 
 
 def run(stack: str, *overrides: str) -> RunResult:

@@ -4,6 +4,7 @@ a traceback) for what keeps them from starting. Run as a user runs them: their C
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
@@ -282,6 +283,41 @@ def test_deploy_that_cannot_start_says_why_in_one_line(
     assert said in line
 
 
+def test_a_version_check_a_child_keeps_open_is_not_run_again_unbounded(tmp_path: Path) -> None:
+    """The bounded check read the version: the Automation API must not run `pulumi version`
+    again and wait for the child that holds its pipe (it did: 40 s and more, silent)."""
+    calls = tmp_path / "calls"
+    path = _fake_pulumi(
+        tmp_path / "bin",
+        f'#!/bin/sh\necho "$1" >> {calls}\n'
+        'case "$1" in version) echo v3.277.0; sleep 60 & ;; '
+        '*) echo "error: no backend here" >&2; exit 7;; esac\n',
+    )
+
+    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path)
+
+    assert done.returncode == 1, done.stderr
+    assert "failed (code: 7)" in done.stderr
+    assert calls.read_text().split()[:2] == ["version", "--non-interactive"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [("lingjunNodeCount=-1", "lingjun-rdma:lingjunNodeCount: -1 is not 0..1000"),
+     ("nonHostNetwork=maybe", "lingjun-rdma:nonHostNetwork: not a boolean: use true or false")],
+    ids=["out-of-range", "not-a-boolean"],
+)  # fmt: skip
+def test_a_config_refusal_is_one_line_naming_stack_key_and_fix(
+    tmp_path: Path, setting: str, said: str
+) -> None:
+    done = _cli("infra.render", "--stack", "dev", "--out", "out", "--set", setting, cwd=tmp_path)
+
+    assert done.returncode == 1, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"render: dev: error: {said}")
+    assert "(pulumi config set lingjun-rdma:" in line
+
+
 def test_the_readme_states_every_range_as_the_code_defines_it() -> None:
     readme = (PROJECT_DIR / "README.md").read_text()
     low, high = RESCAN_INTERVAL_RANGE
@@ -452,6 +488,44 @@ def test_a_kubeconfig_location_never_quotes_an_unknown_key(users: str, said: str
 
     assert said in str(caught.value)
     assert SENTINEL not in str(caught.value)
+
+
+_CERT = "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIU\n-----END CERTIFICATE-----\n"
+_KEY = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49\n-----END PRIVATE KEY-----\n"
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+@pytest.mark.parametrize(
+    ("field", "data", "said"),
+    [("client-certificate-data", _b64(_CERT + _KEY), "users[0].user.client-certificate-data"),
+     ("certificate-authority-data", _b64(_KEY), "clusters[0].cluster.certificate-authority-data"),
+     ("certificate-authority-data", "bm90IGEgY2VydA==", "clusters[0].cluster.certificate-"),
+     ("certificate-authority-data", "%%%", "clusters[0].cluster.certificate-authority-data"),
+     ("client-certificate-data", _b64(_CERT + _CERT), None),
+     ("certificate-authority-data", _b64(_CERT), None)],
+    ids=["cert-and-key-bundle", "a-key-as-the-ca", "not-pem", "not-base64", "a-chain", "a-ca"],
+)  # fmt: skip
+def test_inline_certificates_are_safe_only_as_certificates_alone(
+    field: str, data: str, said: str | None
+) -> None:
+    cluster = {"server": "https://10.0.0.1:6443"}
+    user = {"client-certificate": "/pki/a.crt", "client-key": "/pki/a.key"}
+    (cluster if field.startswith("certificate-authority") else user)[field] = data
+    kubeconfig = KUBECONFIG_HEAD + json.dumps(
+        {"clusters": [{"name": "c", "cluster": cluster}], "users": [{"name": "u", "user": user}]}
+    )[1:-1].replace('], "users"', ']\n"users"')
+
+    where = kubeconfig_credential(kubeconfig)
+
+    if said is None:
+        assert where is None
+    else:
+        assert where is not None
+        assert where.startswith(said), where
+        assert where.endswith("(not PEM certificates alone)")
 
 
 def test_a_server_url_with_a_query_needs_secret() -> None:

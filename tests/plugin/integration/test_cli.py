@@ -46,6 +46,24 @@ async def test_a_rescan_interval_that_is_no_plain_number_is_refused(
     assert "argument --rescan-interval: not a number like 5 or 0.5" in output
 
 
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [("-inf", "argument --rescan-interval: not a number like 5 or 0.5"),
+     ("-nan", "argument --rescan-interval: not a number like 5 or 0.5"),
+     ("-1e3", "--rescan-interval -1000.0: must be"),
+     ("9" * 400, "--rescan-interval inf: must be")],
+    ids=["minus-inf", "minus-nan", "negative-exponent-form", "400-digits"],
+)  # fmt: skip
+async def test_a_rescan_interval_as_the_next_argument_is_read_as_a_value(
+    plugin: PluginProcess, value: str, said: str
+) -> None:
+    """argparse took -inf and -1e3 for flags ("expected one argument"), and 400 digits were
+    "not a number": each now meets the same check as --rescan-interval=VALUE."""
+    output = await _refused(plugin, None, "--rescan-interval", value)
+
+    assert said in output
+
+
 async def test_an_abbreviated_flag_is_not_taken_for_the_whole(plugin: PluginProcess) -> None:
     output = await _refused(plugin, None, "--rescan=1")
 

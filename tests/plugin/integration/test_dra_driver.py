@@ -17,6 +17,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from plugin.dra.api.dra.v1beta1 import api_pb2 as v1beta1
 from plugin.dra.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from plugin.dra.api.pluginregistration.v1 import api_pb2 as reg
 from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from plugin.dra.prepare import CHECKPOINT_VERSION, spec_file
+from plugin.dra.prepare import CHECKPOINT_VERSION, POD_READS_WITHIN, spec_file
 from plugin.launch import DRA_DRIVER, DraLaunchSpec, dra_socket, registration_socket
 from tests.plugin.plugin_process import free_port
 from tests.plugin.sysfs_tree import SysfsTree
@@ -329,7 +330,9 @@ class OddApi:
         body: bytes,
         by_path: dict[str, bytes] | None = None,
         endless: bool = False,
+        slow_under: tuple[str, float] = ("", 0.0),
     ) -> None:
+        self.asked: list[str] = []
         key, cert = root / "api.key", root / "api.crt"
         subprocess.run(
             ["openssl", "req", "-x509", "-nodes", "-newkey", "rsa:2048", "-days", "1",
@@ -338,7 +341,13 @@ class OddApi:
         )  # fmt: skip
 
         class Answer(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
+            def do_GET(inner) -> None:  # noqa: N805 (self is the server's)
+                self.asked.append(inner.path)
+                if inner.path.startswith(slow_under[0]):
+                    time.sleep(slow_under[1])
+                inner.answer()
+
+            def answer(self) -> None:
                 answer = (by_path or {}).get(self.path.partition("?")[0], body)
                 if endless:  # a chunked body without end, until the reader goes
                     self.send_response(status)
@@ -722,6 +731,44 @@ async def test_a_pod_that_cannot_be_read_gives_its_claim_no_nccl_settings_and_th
     assert "Traceback" not in log
 
 
+async def test_pods_read_past_their_bound_give_no_nccl_settings_and_the_claim_is_prepared(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    """Each pod read is bounded; all of them are too (they were not: 12 pods answered in 3 s
+    each kept the prepare, and every other prepare of the node, waiting 36 s)."""
+    pods = [{"resource": "pods", "name": f"p{i}", "uid": f"p-{i}"} for i in range(12)]
+    status = {
+        "allocation": {"devices": {"results": [
+            {"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]}},
+        "reservedFor": pods,
+    }  # fmt: skip
+    api = OddApi(
+        short_tmp, 200, b'{"spec": {"hostNetwork": true}}',
+        by_path={"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c":
+                 _claim([], status)},
+        slow_under=("/api/v1/namespaces/default/pods/", POD_READS_WITHIN / 2),
+    )  # fmt: skip
+    driver = Driver(short_tmp, tree, api.url)
+    await driver.start()
+    try:
+        answer = await _prepare(driver, "u-1")
+    finally:
+        assert await driver.stop() == 0
+        api.close()
+
+    assert answer.error == ""
+    assert [d.device_name for d in answer.devices] == ["hca-0"]
+    read = [p for p in api.asked if "/pods/" in p]
+    assert 2 <= len(read) <= 3, read  # the bound is 2 reads long: the 3rd starts inside it
+    spec = json.loads((driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")).read_text())
+    (env,) = {tuple(d["containerEdits"]["env"]) for d in spec["devices"]}
+    assert not [e for e in env if e.startswith("NCCL_")]
+    assert (
+        f"claim default/c: no NCCL settings in its spec: {len(read)} of the 12 pods it is "
+        f"reserved for read within {POD_READS_WITHIN:g}s"
+    ) in driver.log.read_text()
+
+
 def _checkpoint(driver: Driver, claims: dict[str, object]) -> Path:
     path = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
     path.parent.mkdir(parents=True)
@@ -753,6 +800,8 @@ async def _prepare(driver: Driver, uid: str) -> v1.NodePrepareResourceResponse:
 
 HOST_MOUNT = {"name": "u-2-hca-0", "containerEdits": {
     "mounts": [{"hostPath": "/", "containerPath": "/host"}]}}  # fmt: skip
+A_DISK = {"name": "u-2-hca-0", "containerEdits": {"deviceNodes": [
+    {"path": "/dev/infiniband/uverbs0", "hostPath": "/dev/sda", "permissions": "rw"}]}}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -760,8 +809,11 @@ HOST_MOUNT = {"name": "u-2-hca-0", "containerEdits": {
     [("u-2", {"devices": 5}),
      ("u-2", {**GOOD_ENTRY["spec"], "kind": "vendor.example/gpu"}),
      ("u-2", {**GOOD_ENTRY["spec"], "devices": [HOST_MOUNT]}),
+     ("u-2", {**GOOD_ENTRY["spec"], "containerEdits": HOST_MOUNT["containerEdits"]}),
+     ("u-2", {**GOOD_ENTRY["spec"], "devices": [A_DISK]}),
      ("../../u-2", GOOD_ENTRY["spec"])],
-    ids=["devices-not-a-list", "another-kind", "a-host-mount", "uid-a-path"],
+    ids=["devices-not-a-list", "another-kind", "a-host-mount", "a-spec-wide-host-mount",
+         "a-disk-as-a-device-node", "uid-a-path"],
 )  # fmt: skip
 async def test_a_checkpoint_entry_not_as_the_driver_writes_it_is_left_out_the_rest_kept(
     short_tmp: Path, tree: SysfsTree, uid: str, spec: object

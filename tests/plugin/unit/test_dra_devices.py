@@ -13,6 +13,7 @@ from plugin.core import cdi
 from plugin.core import pool as policy
 from plugin.core.discovery.sysfs import SysfsDiscovery
 from plugin.dra.devices import MAX_DEVICES_PER_SLICE, PCIE_ROOT_ATTRIBUTE, slice_devices, slices
+from plugin.dra.prepare import Prepared, PreparedDevice, load_checkpoint, save_checkpoint
 from tests.plugin.sysfs_tree import PortSpec, SysfsTree
 
 
@@ -158,3 +159,23 @@ def test_a_cdi_spec_holds_each_devices_nodes_and_env(tmp_path: Path) -> None:
     }
     with pytest.raises(cdi.CdiError, match="is not a CDI device name"):
         cdi.spec("rdma.lingjun-rdma.io/hca", {"-bad/name": allocation})
+
+
+@pytest.mark.parametrize("dev_root", [Path("/dev"), Path("/tmp/node/dev")])
+def test_a_checkpoint_of_a_spec_the_driver_wrote_reads_back_whole(
+    tmp_path: Path, dev_root: Path
+) -> None:
+    """The checks that refuse a forged entry (a mount, a disk as a device node) pass every
+    spec cdi.spec writes for an allocation, wherever the node's /dev is."""
+    tree = _tree(tmp_path)
+    (view,) = _views(tree, Pool(name="hca"))
+    kind = "rdma.lingjun-rdma.io/hca"
+    spec = cdi.spec(kind, {"u-1-hca-0": policy.allocation(view, ("mlx5_0", "mlx5_1"), dev_root)})
+    claims = {
+        "u-1": Prepared("default", "c", (PreparedDevice(("r",), "p", "hca-0", ("x",)),), spec)
+    }
+    path = tmp_path / "checkpoint.json"
+    save_checkpoint(path, claims)
+
+    assert load_checkpoint(path, kind, dev_root) == claims
+    assert load_checkpoint(path, kind, Path("/elsewhere/dev")) == {}
