@@ -8,7 +8,7 @@ UV_VERSION := 0.13.9
 APT_PACKAGES := python3-venv python3-pyverbs ibverbs-providers rdma-core iproute2
 STAMP := $(VENV)/.synced
 
-.PHONY: help setup render test lint typecheck proto bench test-rdma e2e engine monitoring cold-build deploy \
+.PHONY: help setup render test lint typecheck proto bench test-rdma e2e vm-node engine monitoring cold-build deploy \
   image clean
 
 help: ## List every target
@@ -29,7 +29,7 @@ render: setup ## Offline plan + every manifest of a stack: make render STACK=dev
 	$(PY) -m infra.render --stack $(STACK) --out out/$(STACK) $(RENDER_ARGS)
 
 test: setup ## The test suite (unit + integration; rdma/e2e/engine/monitoring have their own targets)
-	@$(PY) -m pytest -m "not rdma and not e2e and not engine and not monitoring" $(PYTEST_ARGS); rc=$$?; \
+	@$(PY) -m pytest -m "not rdma and not e2e and not engine and not monitoring and not vmnode" $(PYTEST_ARGS); rc=$$?; \
 	  [ $$rc -ne 5 ] || echo "pytest ran no test: that is a failure here" >&2; exit $$rc
 
 lint: setup ## ruff check + ruff format --check
@@ -57,6 +57,11 @@ test-rdma: setup ## Real verbs in a Soft-RoCE qemu VM (image cached in ~/.cache/
 
 e2e: setup ## The plugin against a real kubelet v1.34 + containerd (builds and caches it)
 	@tests/e2e/run.sh $(PYTEST_ARGS)
+
+vm-node: setup ## A whole node in one TCG VM (kubelet, containerd, two rxe, the rendered plugin) joined to the e2e control plane
+	@LINGJUN_E2E_BIN=$$(tests/e2e/peers.sh | tail -n1) LINGJUN_E2E_LOGS=$(CURDIR)/out/vm-node-logs \
+	  $(PY) -m pytest -m vmnode tests/e2e/test_vm_node.py $(PYTEST_ARGS); rc=$$?; \
+	  [ $$rc -ne 5 ] || echo "pytest ran no test: that is a failure here" >&2; exit $$rc
 
 engine: setup ## The real Pulumi engine deploys the local stack onto the e2e cluster (builds and caches both)
 	@tests/engine/run.sh $(PYTEST_ARGS)

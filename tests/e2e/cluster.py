@@ -164,15 +164,19 @@ class Cluster:
 
     # -- start ----------------------------------------------------------------------------
     def start(self) -> None:
-        self._pki()
-        self._etcd()
-        self._apiserver()
-        self._controllers()
+        self.start_control_plane()
         self._host_dirs()  # before containerd, which watches the CDI dir from its start
         self._containerd()
         self._images()
         self._kubelet_config()
         self.start_kubelet()
+
+    def start_control_plane(self) -> None:
+        """etcd, the API server, the controllers and the scheduler: what a node joins."""
+        self._pki()
+        self._etcd()
+        self._apiserver()
+        self._controllers()
 
     def _proc(self, name: str, argv: list[str]) -> Proc:
         proc = Proc(name, argv, self.logs / f"{name}.log").start()

@@ -22,6 +22,7 @@ mkdir -p "$work/root/src"
 git ls-files -z --cached --others --exclude-standard -- plugin tests pyproject.toml |
   xargs -0 cp --parents -t "$work/root/src"
 install -m 0755 tests/plugin/rdma/vm/init "$work/root/init"
+install -D -m 0644 tests/plugin/rdma/vm/rxe-pair "$work/root/opt/rxe-pair"
 # Bytecode compiled here by the same Debian python3.11 as the guest's: each guest process would
 # otherwise compile the project's modules again, slowly, under TCG.
 /usr/bin/python3 -m compileall -q "$work/root/src"
