@@ -102,6 +102,10 @@ async def run(
     dra_path = dra_socket(spec.plugins_dir, driver)
     reg_path = registration_socket(spec.plugins_registry_dir, driver)
     stop = asyncio.Event()
+    # from before the first socket: a stop the moment one exists is a clean one (exit 0)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop.set)
     dra_server = grpc.aio.server()
     add_dra_services(dra_server, preparer, stop)
     if (why := _bind(dra_path, dra_server)) is not None:
@@ -129,9 +133,6 @@ async def run(
             say(f"{PROG}: --metrics-address: {listen_problem(exc, spec.metrics_port)}")
             return 2
 
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, stop.set)
     code = 0
     tasks = [
         asyncio.create_task(health.run(), name="health"),

@@ -23,7 +23,7 @@ from typing import Any, cast
 from plugin.core import cdi
 from plugin.core import pool as policy
 from plugin.core.discovery.model import Hca
-from plugin.core.gidchoice import NoGidError, choose
+from plugin.core.gidchoice import COMPUTED, NoGidError, choose
 from plugin.core.kubeapi import KubeApi, KubeApiError
 from plugin.core.netaddrs import namespace_addresses
 from plugin.core.userfiles import UnreadableError, read_text, shown, write_atomically
@@ -317,7 +317,7 @@ def load_checkpoint(path: Path, cdi_kind: str, dev_root: Path) -> dict[str, Prep
             try:
                 if not _UID.fullmatch(str(uid)):
                     raise ValueError("not a UID")
-                claims[str(uid)] = _prepared(entry, cdi_kind, dev_root)
+                claims[str(uid)] = _prepared(str(uid), entry, cdi_kind, dev_root)
             except (ValueError, KeyError, TypeError, AttributeError):
                 # one claim's entry: that claim is prepared afresh when asked, the rest kept
                 logger.warning("checkpoint %s: claim %s is not as this driver writes it: left out",
@@ -369,57 +369,94 @@ def _is_device_node(node: Any, host_dir: Path) -> bool:
     )
 
 
-def _is_cdi_device(device: Any, host_dir: Path) -> bool:
-    """A device as cdi.spec writes it: a name, and edits of RDMA device nodes and text env only
-    (a checkpoint that says more, a mount of the host, was not written by this driver)."""
+# What a spec's env may set: the HCAs granted, NCCL's settings (prepare), in visible ASCII.
+_ENV = re.compile(
+    "(" + "|".join(re.escape(k) for k in (HCAS_ENV, *COMPUTED)) + r")=[\x21-\x7e]{0,4096}"
+)
+
+
+def _is_cdi_device(device: Any, name: str, host_dir: Path) -> bool:
+    """A device as cdi.spec writes it for `name`: RDMA device nodes and our env, nothing else
+    (a checkpoint that says more, a mount of the host or LD_PRELOAD, was not written by us)."""
     if not isinstance(device, dict) or set(cast(dict[str, Any], device)) != {
         "name", "containerEdits"
     }:  # fmt: skip
         return False
     named = cast(dict[str, Any], device)
     edits = named["containerEdits"]
-    if not isinstance(edits, dict) or not set(cast(dict[str, Any], edits)) <= {
-        "deviceNodes", "env"
-    }:  # fmt: skip
+    if not isinstance(edits, dict) or set(cast(dict[str, Any], edits)) != {"deviceNodes", "env"}:
         return False
-    nodes: Any = cast(dict[str, Any], edits).get("deviceNodes", [])
-    env: Any = cast(dict[str, Any], edits).get("env", [])
+    nodes: Any = cast(dict[str, Any], edits)["deviceNodes"]
+    env: Any = cast(dict[str, Any], edits)["env"]
     return (
-        isinstance(named["name"], str)
+        named["name"] == name
         and isinstance(nodes, list)
         and all(_is_device_node(n, host_dir) for n in cast(list[Any], nodes))
         and isinstance(env, list)
-        and all(isinstance(e, str) for e in cast(list[Any], env))
+        and all(isinstance(e, str) and _ENV.fullmatch(e) for e in cast(list[Any], env))
     )
 
 
-def _prepared(doc: Mapping[str, Any], cdi_kind: str, dev_root: Path) -> Prepared:
-    """A checkpoint entry, checked as what goes back to the runtime: a spec of this driver's
-    kind and nothing else, of devices each with a name and its edits, and the devices' IDs as
-    text."""
-    spec = dict(doc["spec"])
-    if spec.get("kind") != cdi_kind or not set(spec) <= {"cdiVersion", "kind", "devices"}:
-        raise ValueError(f"its CDI spec is not one of {cdi_kind} as this driver writes it")
-    devices = spec["devices"]
-    host_dir = dev_root / "infiniband"
-    if not isinstance(devices, list) or not all(
-        _is_cdi_device(d, host_dir) for d in cast(list[Any], devices)
+def _texts(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in cast(list[Any], value)):
+        raise ValueError("not a list of text")
+    return tuple(cast(list[str], value))
+
+
+def _prepared(uid: str, doc: Any, cdi_kind: str, dev_root: Path) -> Prepared:
+    """A checkpoint entry, checked to be exactly what this driver writes: the claim named as
+    Kubernetes names one, its devices each with the one CDI ID prepare gives it, and a spec of
+    this driver's kind, version and nothing else. Anything more could reach the runtime: an ID
+    of another vendor's device, a mount, an env of the loader."""
+    if not isinstance(doc, dict) or set(cast(dict[str, Any], doc)) != {
+        "namespace", "name", "devices", "spec"
+    }:  # fmt: skip
+        raise ValueError("not an entry of this driver")
+    entry = cast(dict[str, Any], doc)
+    try:
+        claim = ClaimRef(str(entry["namespace"]), uid, str(entry["name"]))
+    except PrepareError as exc:
+        raise ValueError(str(exc)) from None
+    if not isinstance(entry["namespace"], str) or not isinstance(entry["name"], str):
+        raise ValueError("its claim's name is not text")
+    listed: Any = entry["devices"]
+    if not isinstance(listed, list) or not listed:
+        raise ValueError("it lists no device")
+    devices: list[PreparedDevice] = []
+    for d in cast(list[Any], listed):
+        if not isinstance(d, dict) or set(cast(dict[str, Any], d)) != {
+            "request_names", "pool_name", "device_name", "cdi_device_ids"
+        }:  # fmt: skip
+            raise ValueError("a device of another shape")
+        item = cast(dict[str, Any], d)
+        name, pool = item["device_name"], item["pool_name"]
+        if not isinstance(name, str) or not _LABEL.fullmatch(name) or not isinstance(pool, str):
+            raise ValueError("a device not named as a slice names one")
+        ids = _texts(item["cdi_device_ids"])
+        if ids != (cdi.device_id(cdi_kind, f"{uid}-{name}"),):
+            raise ValueError("a CDI ID prepare does not give")
+        devices.append(PreparedDevice(_texts(item["request_names"]), pool, name, ids))
+    spec: Any = entry["spec"]
+    if (
+        not isinstance(spec, dict)
+        or set(cast(dict[str, Any], spec)) != {"cdiVersion", "kind", "devices"}
+        or spec["cdiVersion"] != cdi.CDI_VERSION
+        or spec["kind"] != cdi_kind
     ):
-        raise ValueError("its CDI spec has no list of named devices")
-    return Prepared(
-        namespace=doc["namespace"],
-        name=doc["name"],
-        devices=tuple(
-            PreparedDevice(
-                tuple(d["request_names"]),
-                d["pool_name"],
-                d["device_name"],
-                tuple(d["cdi_device_ids"]),
-            )
-            for d in doc["devices"]
-        ),
-        spec=dict(doc["spec"]),
-    )
+        raise ValueError(f"its CDI spec is not one of {cdi_kind} as this driver writes it")
+    host_dir = dev_root / "infiniband"
+    specs: Any = cast(dict[str, Any], spec)["devices"]
+    names = [f"{uid}-{d.device_name}" for d in devices]
+    if (
+        not isinstance(specs, list)
+        or len(cast(list[Any], specs)) != len(names)
+        or not all(
+            _is_cdi_device(d, n, host_dir)
+            for d, n in zip(cast(list[Any], specs), names, strict=True)
+        )
+    ):
+        raise ValueError("its CDI spec is not of its devices")
+    return Prepared(claim.namespace, claim.name, tuple(devices), cast(dict[str, Any], spec))
 
 
 def save_checkpoint(path: Path, claims: Mapping[str, Prepared]) -> None:

@@ -611,12 +611,20 @@ def remove_pod_bridge() -> None:
 
 
 def add_api_address() -> None:
-    remove_api_address()  # left by a run killed outright
-    run(["ip", "address", "add", f"{API_ADDRESS}/32", "dev", "lo"])
+    add_address(API_ADDRESS)
 
 
 def remove_api_address() -> None:
-    cmd = ["ip", "address", "delete", f"{API_ADDRESS}/32", "dev", "lo"]
+    remove_address(API_ADDRESS)
+
+
+def add_address(address: str) -> None:
+    remove_address(address)  # left by a run killed outright
+    run(["ip", "address", "add", f"{address}/32", "dev", "lo"])
+
+
+def remove_address(address: str) -> None:
+    cmd = ["ip", "address", "delete", f"{address}/32", "dev", "lo"]
     subprocess.run(cmd, capture_output=True, check=False)
 
 

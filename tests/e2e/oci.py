@@ -39,7 +39,8 @@ def _add(tar: tarfile.TarFile, info: tarfile.TarInfo, data: bytes | None = None)
 def _layer(image: Image) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        parents = {str(Path(p).parent) for p in [*image.files, *image.symlinks]}
+        # every ancestor: an extractor need not make the dirs a layer does not list
+        parents = {str(a) for p in [*image.files, *image.symlinks] for a in Path(p).parents}
         for d in sorted({*image.dirs, *parents} - {"/"}):
             info = tarfile.TarInfo(d.lstrip("/"))
             info.type, info.mode = tarfile.DIRTYPE, 0o1777 if d == "/tmp" else 0o755

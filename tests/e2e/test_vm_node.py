@@ -5,7 +5,9 @@ image there, and the node advertises rdma/hca from the VM's verbs devices."""
 
 from __future__ import annotations
 
+import copy
 import os
+import signal
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -15,12 +17,15 @@ from typing import Any, cast
 import pytest
 import yaml
 
+from plugin.core.counters import PORT_COUNTERS
+from plugin.core.podqps import POD_QPS
 from tests.conftest import PEER_SKIP_PREFIX
 from tests.e2e.cluster import LINGJUN_LABEL, PLUGIN_IMAGE, Cluster, Peers, reap_stale_runs, run_lock
+from tests.e2e.conftest import _interrupt  # pyright: ignore[reportPrivateUsage]
 from tests.e2e.node import REPO
 from tests.e2e.procs import eventually
 from tests.e2e.scenario import RESOURCE
-from tests.e2e.vm_node import VM_NODE, VmNode
+from tests.e2e.vm_node import PERFTEST_IMAGE, VM_NODE, VmNode
 
 pytestmark = [pytest.mark.vmnode, pytest.mark.timeout(2400)]
 
@@ -35,6 +40,7 @@ def control_plane(logs: Path) -> Iterator[Cluster]:
         pytest.skip(f"{PEER_SKIP_PREFIX} {peers}")
     if os.geteuid() != 0:
         pytest.skip(f"{PEER_SKIP_PREFIX} root (the API server listens on a lo address)")
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # a CI timeout tears down too
     with run_lock():
         for root in reap_stale_runs():
             print(f"vm-node: cleaned up after a run killed outright: {root}")
@@ -44,6 +50,7 @@ def control_plane(logs: Path) -> Iterator[Cluster]:
             yield cluster
         finally:
             cluster.stop()
+            signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +72,15 @@ def vm_node(control_plane: Cluster, logs: Path) -> Iterator[VmNode]:
         node.stop()
 
 
-def _rendered(root: Path) -> dict[str, list[dict[str, Any]]]:
-    out = root / "rendered"
+@pytest.fixture(scope="module")
+def rendered(control_plane: Cluster) -> dict[str, list[dict[str, Any]]]:
+    """The local stack as `pulumi up` would apply it, with the images the VM has, and QPs per
+    pod on (the DaemonSet then shares the host's pid namespace)."""
+    out = control_plane.root / "rendered"
     subprocess.run(
         [str(REPO / ".venv/bin/python"), "-m", "infra.render", "--stack", "local",
-         "--out", str(out), "--set", f"pluginImage={PLUGIN_IMAGE}"],
+         "--out", str(out), "--set", f"pluginImage={PLUGIN_IMAGE}",
+         "--set", f"perftestImage={PERFTEST_IMAGE}", "--set", "rdmaPodQps=true"],
         cwd=REPO, check=True, timeout=300,
     )  # fmt: skip
     by_kind: dict[str, list[dict[str, Any]]] = {}
@@ -88,13 +99,12 @@ def _ready(cluster: Cluster) -> bool:
 
 
 def test_the_vm_is_a_node_whose_rendered_plugin_advertises_its_rxe_devices(
-    control_plane: Cluster, vm_node: VmNode
+    control_plane: Cluster, vm_node: VmNode, rendered: dict[str, list[dict[str, Any]]]
 ) -> None:
     cluster = control_plane
     eventually(lambda: (vm_node.qemu.check_alive(), _ready(cluster))[1], 900,
                f"node {VM_NODE} Ready (console: {vm_node.console})", interval=5)  # fmt: skip
     cluster.kubectl("label", "node", VM_NODE, f"{LINGJUN_LABEL}=true", "--overwrite")
-    rendered = _rendered(cluster.root)
     for kind in PLUGIN_KINDS:
         for i, doc in enumerate(rendered[kind]):
             path = cluster.root / f"{kind}-{i}.yaml"
@@ -111,3 +121,74 @@ def test_the_vm_is_a_node_whose_rendered_plugin_advertises_its_rxe_devices(
         metrics = answer.read().decode()
     assert 'hca="rxe0"' in metrics
     assert 'hca="rxe1"' in metrics
+
+
+def _perftest_pod(job: dict[str, Any], index: int, server_ip: str) -> dict[str, Any]:
+    """The pod the Job controller makes for `index` of the rendered perftest Job, on the one
+    node there is: its anti-affinity (one pod per node) dropped, the headless Service's name of
+    index 0 given as a host alias (no cluster DNS runs here)."""
+    template = copy.deepcopy(job["spec"]["template"])
+    spec = template["spec"]
+    del spec["affinity"]
+    spec["nodeName"] = VM_NODE
+    spec["hostAliases"] = [{"ip": server_ip, "hostnames": ["perftest-0.perftest"]}]
+    for container in spec["containers"]:
+        container.setdefault("env", []).append(
+            {"name": "JOB_COMPLETION_INDEX", "value": str(index)}
+        )
+    name = f"perftest-{index}"
+    metadata = {**template.get("metadata", {}), "name": name,
+                "namespace": job["metadata"]["namespace"]}  # fmt: skip
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def _scrape(vm_node: VmNode) -> str:
+    url = f"http://127.0.0.1:{vm_node.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=60) as answer:
+        return answer.read().decode()
+
+
+def test_the_rendered_perftest_pods_write_over_rxe_and_are_seen_on_metrics(
+    control_plane: Cluster, vm_node: VmNode, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    cluster = control_plane
+    (job,) = rendered["Job"]
+    namespace = job["metadata"]["namespace"]
+    before = _scrape(vm_node)
+    for index in (0, 1):
+        path = cluster.root / f"perftest-{index}.yaml"
+        path.write_text(yaml.safe_dump(_perftest_pod(job, index, "192.168.77.1")))
+        cluster.kubectl("apply", "-f", str(path))
+
+    def phase(name: str) -> str:
+        vm_node.qemu.check_alive()
+        return cluster.api.pod(name, namespace)["status"].get("phase", "")
+
+    uids = {i: cluster.api.pod(f"perftest-{i}", namespace)["metadata"]["uid"] for i in (0, 1)}
+
+    def qps_of_both() -> str | None:
+        text = _scrape(vm_node)
+        rows = [line for line in text.splitlines() if line.startswith(POD_QPS + "{")]
+        return text if all(any(f'uid="{u}"' in r for r in rows) for u in uids.values()) else None
+
+    def finished() -> str:
+        now = phase("perftest-1")
+        return now if now in ("Succeeded", "Failed") else ""
+
+    eventually(lambda: phase("perftest-0") == "Running", 900, "perftest-0 Running", interval=5)
+    metrics = eventually(qps_of_both, 600, "QPs of both pods on /metrics", interval=5)
+    done = eventually(finished, 900, "perftest-1 done", interval=5)
+    log = cluster.kubectl("logs", "-n", namespace, "perftest-1")
+    print(f"vm-node: perftest-1 ({done}):\n{log}")
+    assert done == "Succeeded", log
+    assert "BW average" in log or "BW peak" in log, log
+    after = _scrape(vm_node)
+    sent = PORT_COUNTERS["port_xmit_data"].metric + "_total"
+    assert _summed(after, sent) > _summed(before, sent), metrics
+
+
+def _summed(metrics: str, name: str) -> float:
+    """A metric's value summed over its series (the node's ports)."""
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.split("{")[0] == name
+    )

@@ -16,13 +16,26 @@ import sys
 from pathlib import Path
 
 from tests.e2e import oci
-from tests.e2e.cluster import API_ADDRESS, API_PORT, BUSYBOX_IMAGE, PAUSE_IMAGE, Cluster
+from tests.e2e.cluster import (
+    API_ADDRESS,
+    API_PORT,
+    BUSYBOX_IMAGE,
+    PAUSE_IMAGE,
+    Cluster,
+    add_address,
+    remove_address,
+)
 from tests.e2e.node import REPO
 from tests.e2e.procs import Proc, run
 from tests.plugin.plugin_process import free_port
 
 VM_NODE = "ljr-vmnode"
+PERFTEST_IMAGE = "localhost/perftest:vm"  # built in the guest from its own perftest package
 METRICS_PORT = 9460  # the rendered DaemonSet's --metrics-address port, on the node's network
+# The node's InternalIP, on the guest's lo and the host's: the API server reaches the kubelet
+# (logs, exec) at it through qemu's forward of the kubelet port (the kubelet refuses a
+# loopback address; the guest's own 10.0.2.15 is not reachable from the host).
+NODE_ADDRESS = "10.97.77.2"
 _CNI_PLUGINS = ("bridge", "host-local", "loopback")
 
 
@@ -43,7 +56,12 @@ class VmNode:
                    f"127.0.0.1:{self.api_forward_port}", f"{API_ADDRESS}:{API_PORT}"]  # fmt: skip
         self.forwarder = Proc("api-forward", forward, self.logs / "api-forward.log", REPO).start()
         initrd = self._initrd()
-        nic = f"user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{self.metrics_port}-:{METRICS_PORT}"
+        add_address(NODE_ADDRESS)
+        nic = (
+            "user,model=virtio-net-pci,"
+            f"hostfwd=tcp:127.0.0.1:{self.metrics_port}-:{METRICS_PORT},"
+            f"hostfwd=tcp:{NODE_ADDRESS}:{self.kubelet_port}-:{self.kubelet_port}"
+        )
         qemu = [
             "qemu-system-x86_64", "-machine", "q35", "-accel", "tcg,tb-size=256", "-cpu", "max",
             "-smp", "2", "-m", "4096", "-display", "none", "-monitor", "none",
@@ -57,6 +75,7 @@ class VmNode:
         for proc in ("qemu", "forwarder"):
             if hasattr(self, proc):
                 getattr(self, proc).stop()
+        remove_address(NODE_ADDRESS)
 
     def _initrd(self) -> Path:
         """The cached rootfs with this run's files appended (the kernel unpacks both)."""
@@ -68,7 +87,10 @@ class VmNode:
             "etc/vmnode/ca.crt": self.cluster.root / "pki" / "ca.crt",
             "src/tests/__init__.py": REPO / "tests/__init__.py",
             "src/tests/e2e/__init__.py": REPO / "tests/e2e/__init__.py",
-            "src/tests/e2e/tcp_forward.py": REPO / "tests/e2e/tcp_forward.py",
+            **{
+                f"src/tests/e2e/{m}.py": REPO / f"tests/e2e/{m}.py"
+                for m in ("tcp_forward", "oci", "vm_node_image")
+            },
             "opt/images/plugin.tar": self.plugin_archive,
             "opt/k8s/runc": peers.runc,
             **{f"opt/k8s/{p.name}": p for p in (peers.kubelet, peers.containerd, peers.ctr)},
@@ -78,6 +100,7 @@ class VmNode:
         for dest, src in files.items():
             (root / dest).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, root / dest)
+        (root / "init").chmod(0o755)
         applets = run([str(peers.busybox), "--list"]).split()
         images = (
             oci.pause(PAUSE_IMAGE, peers.pause),
@@ -88,7 +111,8 @@ class VmNode:
         (root / "etc/vmnode/env").write_text(
             f"NODE={VM_NODE}\nAPI_ADDRESS={API_ADDRESS}\n"
             f"API_FORWARD_PORT={self.api_forward_port}\nKUBELET_PORT={self.kubelet_port}\n"
-            f"TOKEN={self.cluster.token}\nPAUSE_IMAGE={PAUSE_IMAGE}\n"
+            f"NODE_ADDRESS={NODE_ADDRESS}\nTOKEN={self.cluster.token}\nPAUSE_IMAGE={PAUSE_IMAGE}\n"
+            f"PERFTEST_IMAGE={PERFTEST_IMAGE}\n"
         )
         code = self.work / "code.cpio"
         with code.open("wb") as out:

@@ -21,6 +21,7 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -776,14 +777,23 @@ def _checkpoint(driver: Driver, claims: dict[str, object]) -> Path:
     return path
 
 
-GOOD_ENTRY = {
-    "namespace": "default",
-    "name": "c",
-    "devices": [{"request_names": ["r"], "pool_name": "node-a", "device_name": "hca-0",
-                 "cdi_device_ids": ["rdma.lingjun-rdma.io/hca=u-1-hca-0"]}],
-    "spec": {"cdiVersion": "0.6.0", "kind": "rdma.lingjun-rdma.io/hca",
-             "devices": [{"name": "u-1-hca-0", "containerEdits": {"env": ["A=1"]}}]},
-}  # fmt: skip
+def _entry(uid: str, **spec: object) -> dict[str, Any]:
+    """A checkpoint entry as the driver writes it for claim `uid` (one device, hca-0), with
+    `spec`'s keys replaced."""
+    device = f"{uid}-hca-0"
+    return {
+        "namespace": "default",
+        "name": "c",
+        "devices": [{"request_names": ["r"], "pool_name": "node-a", "device_name": "hca-0",
+                     "cdi_device_ids": [f"rdma.lingjun-rdma.io/hca={device}"]}],
+        "spec": {"cdiVersion": "0.6.0", "kind": "rdma.lingjun-rdma.io/hca",
+                 "devices": [{"name": device, "containerEdits": {
+                     "deviceNodes": [], "env": ["LINGJUN_RDMA_HCAS=mlx5_0"]}}],
+                 **spec},
+    }  # fmt: skip
+
+
+GOOD_ENTRY = _entry("u-1")
 
 
 async def _prepare(driver: Driver, uid: str) -> v1.NodePrepareResourceResponse:
@@ -798,29 +808,48 @@ async def _prepare(driver: Driver, uid: str) -> v1.NodePrepareResourceResponse:
     return answer.claims[uid]
 
 
-HOST_MOUNT = {"name": "u-2-hca-0", "containerEdits": {
-    "mounts": [{"hostPath": "/", "containerPath": "/host"}]}}  # fmt: skip
-A_DISK = {"name": "u-2-hca-0", "containerEdits": {"deviceNodes": [
-    {"path": "/dev/infiniband/uverbs0", "hostPath": "/dev/sda", "permissions": "rw"}]}}  # fmt: skip
+def _edits(**edits: object) -> dict[str, Any]:
+    return {"devices": [{"name": "u-2-hca-0", "containerEdits": {
+        "deviceNodes": [], "env": [], **edits}}]}  # fmt: skip
+
+
+def _device(**fields: object) -> dict[str, Any]:
+    entry = _entry("u-2")
+    return {**entry, "devices": [{**entry["devices"][0], **fields}]}
+
+
+A_DISK = {"path": "/dev/infiniband/uverbs0", "hostPath": "/dev/sda", "permissions": "rw"}
+HOST_MOUNT = [{"hostPath": "/", "containerPath": "/host"}]
 
 
 @pytest.mark.parametrize(
-    ("uid", "spec"),
-    [("u-2", {"devices": 5}),
-     ("u-2", {**GOOD_ENTRY["spec"], "kind": "vendor.example/gpu"}),
-     ("u-2", {**GOOD_ENTRY["spec"], "devices": [HOST_MOUNT]}),
-     ("u-2", {**GOOD_ENTRY["spec"], "containerEdits": HOST_MOUNT["containerEdits"]}),
-     ("u-2", {**GOOD_ENTRY["spec"], "devices": [A_DISK]}),
-     ("../../u-2", GOOD_ENTRY["spec"])],
-    ids=["devices-not-a-list", "another-kind", "a-host-mount", "a-spec-wide-host-mount",
-         "a-disk-as-a-device-node", "uid-a-path"],
+    ("uid", "entry"),
+    [("u-2", _entry("u-2", devices=5)),
+     ("u-2", _entry("u-2", kind="vendor.example/gpu")),
+     ("u-2", _entry("u-2", cdiVersion="9.9.9")),
+     ("u-2", _entry("u-2", **_edits(mounts=HOST_MOUNT))),
+     ("u-2", _entry("u-2", containerEdits={"mounts": HOST_MOUNT})),
+     ("u-2", _entry("u-2", **_edits(deviceNodes=[A_DISK]))),
+     ("u-2", _entry("u-2", **_edits(env=["LD_PRELOAD=/tmp/evil.so"]))),
+     ("u-2", _device(cdi_device_ids=["nvidia.com/gpu=all"])),
+     ("u-2", _device(pool_name=1)),
+     ("u-2", _device(device_name=None)),
+     ("u-2", _device(device_name="../../x")),
+     ("u-2", {**_entry("u-2"), "devices": []}),
+     ("u-2", {**_entry("u-2"), "namespace": "../x"}),
+     ("../../u-2", _entry("../../u-2"))],
+    ids=["devices-not-a-list", "another-kind", "another-cdi-version", "a-host-mount",
+         "a-spec-wide-host-mount", "a-disk-as-a-device-node", "ld-preload",
+         "another-vendors-device-id", "pool-a-number", "device-name-null", "device-name-a-path",
+         "no-device", "namespace-a-path", "uid-a-path"],
 )  # fmt: skip
 async def test_a_checkpoint_entry_not_as_the_driver_writes_it_is_left_out_the_rest_kept(
-    short_tmp: Path, tree: SysfsTree, uid: str, spec: object
+    short_tmp: Path, tree: SysfsTree, uid: str, entry: object
 ) -> None:
+    """Only what prepare writes is read back: a forged entry would reach the runtime (another
+    vendor's devices, the host's /, a loader env) or fail the claim with a traceback."""
     driver = Driver(short_tmp, tree)
-    bad = {**GOOD_ENTRY, "spec": spec}
-    _checkpoint(driver, {"u-1": GOOD_ENTRY, uid: bad})
+    _checkpoint(driver, {"u-1": GOOD_ENTRY, uid: entry})
     await driver.start()
     try:
         kept, left_out = await _prepare(driver, "u-1"), await _prepare(driver, "u-2")
@@ -831,7 +860,9 @@ async def test_a_checkpoint_entry_not_as_the_driver_writes_it_is_left_out_the_re
     assert [d.device_name for d in kept.devices] == ["hca-0"]
     assert left_out.error.startswith("cannot read claim default/c: ")  # prepared afresh: no API
     assert not (driver.spec.cdi_dir / "rdma.lingjun-rdma.io-u-2.json").exists()
-    assert f"claim '{uid}' is not as this driver writes it: left out" in driver.log.read_text()
+    log = driver.log.read_text()
+    assert f"claim '{uid}' is not as this driver writes it: left out" in log
+    assert "Traceback" not in log
 
 
 @pytest.mark.parametrize(

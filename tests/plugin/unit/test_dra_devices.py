@@ -172,7 +172,12 @@ def test_a_checkpoint_of_a_spec_the_driver_wrote_reads_back_whole(
     kind = "rdma.lingjun-rdma.io/hca"
     spec = cdi.spec(kind, {"u-1-hca-0": policy.allocation(view, ("mlx5_0", "mlx5_1"), dev_root)})
     claims = {
-        "u-1": Prepared("default", "c", (PreparedDevice(("r",), "p", "hca-0", ("x",)),), spec)
+        "u-1": Prepared(
+            "default",
+            "c",
+            (PreparedDevice(("r",), "p", "hca-0", (cdi.device_id(kind, "u-1-hca-0"),)),),
+            spec,
+        )
     }
     path = tmp_path / "checkpoint.json"
     save_checkpoint(path, claims)
