@@ -20,14 +20,16 @@ if __name__ == "__main__":  # before the imports below, which are most of a shor
 import contextlib
 import os
 import re
+import selectors
 import shutil
 import signal
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from pulumi import automation as auto
 
@@ -42,12 +44,13 @@ from pulumi.automation._env import (  # pyright: ignore[reportPrivateUsage]
 from pulumi.automation._minimum_version import (  # pyright: ignore[reportPrivateUsage]
     _MINIMUM_VERSION,  # pyright: ignore[reportPrivateUsage]
 )
+from pulumi.automation.errors import create_command_error
 
 from infra.interrupt import children, descendants
 from infra.keys import PROJECT, PROJECT_DIR, StackConfigError
 from infra.program import main as program_main
 from infra.stackfiles import StackFileError, stack_config, stack_name
-from plugin.core.terminal import STOPS, Parser, say
+from plugin.core.terminal import STOPS, Parser, one_line, say
 from plugin.core.userfiles import described
 
 ACTIONS = ("preview", "up", "refresh", "destroy")
@@ -170,6 +173,11 @@ class DeployError(RuntimeError):
 
 # The most of a failed command's stderr said again (its whole stdout went by already).
 _STDERR_LINES = 40
+# After `pulumi` exits, what its pipes still hold is read for this long: a child it left behind
+# holding them (a plugin, an update check) is not waited for.
+_DRAIN_AFTER_EXIT = 2.0
+# A line of `pulumi`'s output is cut at this many bytes (a CLI can print megabytes on one).
+_LINE_MAX = 16384
 # `pulumi version` answers in well under a second; one that does not is not a usable CLI.
 _VERSION_TIMEOUT = 20
 
@@ -229,6 +237,82 @@ class _Cli(auto.PulumiCommand):
             current_version=version.removeprefix("v"),
             opt_out=os.getenv(_SKIP_VERSION_CHECK_VAR) is not None,
         )
+
+    def run(
+        self,
+        args: list[str],
+        cwd: str,
+        additional_env: Mapping[str, str],
+        on_output: Callable[[str], Any] | None = None,
+        on_error: Callable[[str], Any] | None = None,
+    ) -> auto.CommandResult:
+        """PulumiCommand.run, reading what the CLI says as bytes. Its own reads text: output
+        that is not UTF-8 killed its reader, the pipe filled and the CLI waited forever; and it
+        waited for every child holding the pipes after the CLI had exited."""
+        end = args.index("--") if "--" in args else len(args)
+        if "--non-interactive" not in args[:end]:
+            args = ["--non-interactive", *args]
+        env = {**os.environ, **additional_env, "PULUMI_AUTOMATION_API": "true"}
+        # the plugins beside the binary first, as PulumiCommand does
+        env["PATH"] = os.pathsep.join([os.path.dirname(self.command), env.get("PATH", "")])
+        with subprocess.Popen(
+            [self.command, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
+            env=env,
+        ) as proc:  # fmt: skip
+            out, err = _said(proc, on_output, on_error)
+        result = auto.CommandResult(
+            stdout="\n".join(out), stderr="\n".join(err), code=proc.returncode
+        )
+        if proc.returncode != 0:
+            raise create_command_error(result)
+        return result
+
+
+def _said(
+    proc: subprocess.Popen[bytes],
+    on_output: Callable[[str], Any] | None,
+    on_error: Callable[[str], Any] | None,
+) -> tuple[list[str], list[str]]:
+    """The lines `proc` writes on stdout and stderr, each passed to its callback as it comes:
+    decoded with replacement, cut at _LINE_MAX bytes, read until both pipes end or
+    _DRAIN_AFTER_EXIT after `proc` exits (a child it left may hold them for ever)."""
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    out: list[str] = []
+    err: list[str] = []
+    lines_of: dict[int, tuple[list[str], Callable[[str], Any] | None, bytearray]] = {
+        proc.stdout.fileno(): (out, on_output, bytearray()),
+        proc.stderr.fileno(): (err, on_error, bytearray()),
+    }
+    deadline: float | None = None
+    with selectors.DefaultSelector() as selector:
+        for fd in lines_of:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
+            if deadline is None and proc.poll() is not None:
+                deadline = time.monotonic() + _DRAIN_AFTER_EXIT
+            wait = 0.5 if deadline is None else deadline - time.monotonic()
+            if wait <= 0:
+                break
+            for key, _ in selector.select(wait):
+                fd = key.fd
+                chunk = os.read(fd, 65536)
+                lines, callback, partial = lines_of[fd]
+                partial += chunk
+                pieces: list[bytes] = [bytes(p) for p in partial.split(b"\n")]
+                partial[:] = pieces.pop() if chunk else b""
+                if not chunk:
+                    selector.unregister(fd)
+                if len(partial) > _LINE_MAX:
+                    pieces.append(bytes(partial))
+                    partial.clear()
+                for piece in (p for p in pieces if p or chunk):
+                    line = piece[:_LINE_MAX].decode("utf-8", errors="replace").rstrip()
+                    if callback is not None:
+                        callback(line)
+                    lines.append(line)
+    proc.wait()
+    return out, err
 
 
 def _version_within(pulumi: str, seconds: float) -> str:
@@ -327,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         stderr = rest.rpartition("\n stderr: ")[2].strip().splitlines()
         say(f"deploy: {args.action} --stack {args.stack}: failed ({code.strip()})")
         for line in stderr[-_STDERR_LINES:]:
-            say(line)
+            say(one_line(line, 1000, keep_end=True))
         return 1
     except (RuntimeError, ValueError) as exc:  # the Automation API reading what pulumi said
         say(

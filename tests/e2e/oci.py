@@ -70,7 +70,7 @@ def write_oci_archive(image: Image, dest: Path) -> Path:
     config = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Entrypoint": image.entrypoint, "Env": ["PATH=/bin"]},
+        "config": {"Entrypoint": image.entrypoint, "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]},
         "rootfs": {"type": "layers", "diff_ids": [layer["digest"]]},
     }
     config_desc = _blob(blobs, json.dumps(config).encode(), _CONFIG)

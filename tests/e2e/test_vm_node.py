@@ -178,7 +178,8 @@ def test_the_rendered_perftest_pods_write_over_rxe_and_are_seen_on_metrics(
     eventually(lambda: phase("perftest-0") == "Running", 900, "perftest-0 Running", interval=5)
     metrics = eventually(qps_of_both, 600, "QPs of both pods on /metrics", interval=5)
     done = eventually(finished, 900, "perftest-1 done", interval=5)
-    log = cluster.kubectl("logs", "-n", namespace, "perftest-1")
+    log = eventually(lambda: vm_node.pod_log(namespace, "perftest-1", "perftest"), 120,
+                     "perftest-1's log on the guest console", interval=5)  # fmt: skip
     print(f"vm-node: perftest-1 ({done}):\n{log}")
     assert done == "Succeeded", log
     assert "BW average" in log or "BW peak" in log, log

@@ -5,7 +5,9 @@ server under TCG was not ready in 12 minutes; the kubelet runs a pod 16 s after 
 The guest (`vm_node_init`) has two rxe devices, containerd 2 and the kubelet of the e2e build,
 and the images: pause, busybox and the plugin's (`make image`). It reaches the API server at
 the `kubernetes` Service address through two forwarders (its own, and the host's loopback port
-that qemu's user network maps 10.0.2.2 to); the plugin's /metrics is forwarded to the host.
+that qemu's user network maps 10.0.2.2 to); the plugin's /metrics is forwarded to the host. The
+API server does not reach the kubelet (logs, exec): the guest prints its pods' logs on its
+console, which the host keeps (`pod_log`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ from tests.e2e.cluster import (
     BUSYBOX_IMAGE,
     PAUSE_IMAGE,
     Cluster,
-    add_address,
-    remove_address,
 )
 from tests.e2e.node import REPO
 from tests.e2e.procs import Proc, run
@@ -32,10 +32,6 @@ from tests.plugin.plugin_process import free_port
 VM_NODE = "ljr-vmnode"
 PERFTEST_IMAGE = "localhost/perftest:vm"  # built in the guest from its own perftest package
 METRICS_PORT = 9460  # the rendered DaemonSet's --metrics-address port, on the node's network
-# The node's InternalIP, on the guest's lo and the host's: the API server reaches the kubelet
-# (logs, exec) at it through qemu's forward of the kubelet port (the kubelet refuses a
-# loopback address; the guest's own 10.0.2.15 is not reachable from the host).
-NODE_ADDRESS = "10.97.77.2"
 _CNI_PLUGINS = ("bridge", "host-local", "loopback")
 
 
@@ -48,7 +44,6 @@ class VmNode:
         self.work = cluster.root / "vm"
         self.api_forward_port = free_port()
         self.metrics_port = free_port()  # on the host's lo, forwarded to the guest's METRICS_PORT
-        self.kubelet_port = free_port()
         self.console = logs / "vm-node-console.log"
 
     def start(self) -> None:
@@ -56,12 +51,7 @@ class VmNode:
                    f"127.0.0.1:{self.api_forward_port}", f"{API_ADDRESS}:{API_PORT}"]  # fmt: skip
         self.forwarder = Proc("api-forward", forward, self.logs / "api-forward.log", REPO).start()
         initrd = self._initrd()
-        add_address(NODE_ADDRESS)
-        nic = (
-            "user,model=virtio-net-pci,"
-            f"hostfwd=tcp:127.0.0.1:{self.metrics_port}-:{METRICS_PORT},"
-            f"hostfwd=tcp:{NODE_ADDRESS}:{self.kubelet_port}-:{self.kubelet_port}"
-        )
+        nic = f"user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{self.metrics_port}-:{METRICS_PORT}"
         qemu = [
             "qemu-system-x86_64", "-machine", "q35", "-accel", "tcg,tb-size=256", "-cpu", "max",
             "-smp", "2", "-m", "4096", "-display", "none", "-monitor", "none",
@@ -75,7 +65,6 @@ class VmNode:
         for proc in ("qemu", "forwarder"):
             if hasattr(self, proc):
                 getattr(self, proc).stop()
-        remove_address(NODE_ADDRESS)
 
     def _initrd(self) -> Path:
         """The cached rootfs with this run's files appended (the kernel unpacks both)."""
@@ -110,8 +99,8 @@ class VmNode:
             oci.write_oci_archive(image, root / f"opt/images/{i}.tar")
         (root / "etc/vmnode/env").write_text(
             f"NODE={VM_NODE}\nAPI_ADDRESS={API_ADDRESS}\n"
-            f"API_FORWARD_PORT={self.api_forward_port}\nKUBELET_PORT={self.kubelet_port}\n"
-            f"NODE_ADDRESS={NODE_ADDRESS}\nTOKEN={self.cluster.token}\nPAUSE_IMAGE={PAUSE_IMAGE}\n"
+            f"API_FORWARD_PORT={self.api_forward_port}\n"
+            f"TOKEN={self.cluster.token}\nPAUSE_IMAGE={PAUSE_IMAGE}\n"
             f"PERFTEST_IMAGE={PERFTEST_IMAGE}\n"
         )
         code = self.work / "code.cpio"
@@ -129,3 +118,13 @@ class VmNode:
         code.unlink()
         shutil.rmtree(root)
         return initrd
+
+    def pod_log(self, namespace: str, pod: str, container: str) -> str:
+        """What the container wrote, as the guest printed it on its console."""
+        tag = f"podlog {namespace}_{pod}_"
+        lines = self.console.read_text(errors="replace").splitlines()
+        return "\n".join(
+            line.split(": ", 1)[1]
+            for line in lines
+            if line.startswith(tag) and f"/{container}/" in line.split(": ", 1)[0]
+        )

@@ -302,6 +302,31 @@ def test_a_version_check_a_child_keeps_open_is_not_run_again_unbounded(tmp_path:
 
 
 @pytest.mark.parametrize(
+    "answer",
+    ["head -c 100000 /dev/zero | tr '\\0' '\\377'; exit 3",
+     "(sleep 300) & echo 'error: gone' >&2; exit 3",
+     "head -c 3000000 /dev/zero | tr '\\0' x >&2; exit 3"],
+    ids=["100-kb-not-utf8", "a-child-keeps-the-pipes", "a-3-mb-error-line"],
+)  # fmt: skip
+def test_what_a_failing_cli_says_is_read_and_bounded_never_waited_on(
+    tmp_path: Path, answer: str
+) -> None:
+    """The Automation API read text (bytes not UTF-8 killed its reader, the CLI then blocked
+    on a full pipe) until every holder of the pipes closed them: both hung deploy for ever."""
+    path = _fake_pulumi(
+        tmp_path / "bin",
+        f'#!/bin/sh\n[ "$1" = version ] && {{ echo v3.277.0; exit 0; }}\n{answer}\n',
+    )
+
+    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path)
+
+    assert done.returncode == 1, done.stderr
+    assert "failed (code: 3)" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr) < 50_000
+
+
+@pytest.mark.parametrize(
     ("setting", "said"),
     [("lingjunNodeCount=-1", "lingjun-rdma:lingjunNodeCount: -1 is not 0..1000"),
      ("nonHostNetwork=maybe", "lingjun-rdma:nonHostNetwork: not a boolean: use true or false")],
