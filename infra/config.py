@@ -421,6 +421,11 @@ def _network(k: Keys) -> tuple[NetworkPlan | None, list[str]]:
             fix = _set_items(base) if base in LIST_KEYS else _set(base, example)
             problems.append(f"{_key(key)}: {why} {fix}")
             continue
+        if str(nets[key]) != value:  # 10.0.0.0/08, 010.0.0.0/8: read, but not as written
+            fix = _set_items(base) if base in LIST_KEYS else _set(base, str(nets[key]))
+            problems.append(f"{_key(key)}: write it as {nets[key]} {fix}")
+            del nets[key]
+            continue
         low, high = CIDR_PREFIXES[base]
         if not low <= nets[key].prefixlen <= high:
             fix = _set_items(base) if base in LIST_KEYS else _set(base, _CIDR_EXAMPLES[base])
@@ -466,7 +471,7 @@ def _network(k: Keys) -> tuple[NetworkPlan | None, list[str]]:
 # Namespaces of the cluster itself: the program owns its namespace (destroy deletes it).
 _SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 # An Alibaba Cloud region ID, and a Kubernetes version as ACK spells it.
-_REGION = re.compile(r"[a-z]{2}(-[a-z0-9]+)+")
+_REGION = re.compile(r"(?=.{4,32}$)[a-z]{2}(-[a-z0-9]+)+")  # cn-wulanchabu; the longest is 20
 _CLOUD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _K8S_VERSION = re.compile(r"(?P<major>1)\.(?P<minor>[0-9]{1,2})\.[0-9]{1,3}(-aliyun\.[0-9]{1,3})?")
 

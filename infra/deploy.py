@@ -17,6 +17,7 @@ if __name__ == "__main__":  # before the imports below, which are most of a shor
 
     exit_quietly("deploy")
 
+import argparse
 import contextlib
 import os
 import re
@@ -359,6 +360,12 @@ def _version_within(pulumi: str, seconds: float) -> str:
     return text.strip()
 
 
+def _project_dir(text: str) -> Path:
+    if not text:  # Path("") is the current directory: a variable that expanded to nothing
+        raise argparse.ArgumentTypeError("empty: name this project's checkout (or leave it out)")
+    return Path(text)
+
+
 def check_project(project_dir: Path, stack: str) -> None:
     """The project's files read as the program will read them: one line for what is wrong."""
     if project_dir.exists() and not project_dir.is_dir():
@@ -384,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--diff", action="store_true", help="show each resource's diff")
     parser.add_argument(
         "--project-dir",
-        type=Path,
+        type=_project_dir,
         default=PROJECT_DIR,
         help="where Pulumi.yaml and stacks/ are (default: this checkout)",
     )

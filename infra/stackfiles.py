@@ -64,8 +64,9 @@ def stack_config(
     stack: str, overrides: list[str] | None = None, project_dir: Path = PROJECT_DIR
 ) -> tuple[dict[str, str], list[str]]:
     """Pulumi.yaml defaults, then stacks/Pulumi.<stack>.yaml, then KEY=VALUE overrides."""
-    stack_file = find_stack_file(stack, project_dir)
+    # the project's file first: another project's checkout is said as such, not as a stack
     defaults = _config_section(project_dir / "Pulumi.yaml", project=True)
+    stack_file = find_stack_file(stack, project_dir)
     declared = sorted(
         k.removeprefix(f"{PROJECT}:") for k in defaults if _qualify(k).startswith(f"{PROJECT}:")
     )

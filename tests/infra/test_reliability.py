@@ -262,11 +262,14 @@ def _fake_pulumi(directory: Path, script: str) -> str:
          "deploy: --project-dir /nonexistent: no Pulumi.yaml there"),
         (lambda d: None, ("--project-dir", "/etc/hostname"),
          "deploy: --project-dir /etc/hostname: not a directory"),
+        (lambda d: None, ("--project-dir", ""), "argument --project-dir: empty: name this"),
+        (lambda d: d.mkdir() or (d / "Pulumi.yaml").write_text("name: other\n") and None,
+         ("--project-dir", "bin"), "bin/Pulumi.yaml: not this project's (it needs name: "),
         (lambda d: None, ("--stack", "nope"), "deploy: --stack nope: no "),
     ],
     ids=["no-cli", "too-old", "broken", "not-a-program", "a-directory", "a-dangling-link",
          "not-utf8", "no-interpreter", "ansi-two-lines", "empty", "a-child-holds-stdout",
-         "no-project", "project-a-file", "no-stack"],
+         "no-project", "project-a-file", "project-dir-empty", "another-project", "no-stack"],
 )  # fmt: skip
 def test_deploy_that_cannot_start_says_why_in_one_line(
     tmp_path: Path, setup: object, args: tuple[str, ...], said: str
@@ -329,8 +332,10 @@ def test_what_a_failing_cli_says_is_read_and_bounded_never_waited_on(
 @pytest.mark.parametrize(
     ("setting", "said"),
     [("lingjunNodeCount=-1", "lingjun-rdma:lingjunNodeCount: -1 is not 0..1000"),
-     ("nonHostNetwork=maybe", "lingjun-rdma:nonHostNetwork: not a boolean: use true or false")],
-    ids=["out-of-range", "not-a-boolean"],
+     ("nonHostNetwork=maybe", "lingjun-rdma:nonHostNetwork: not a boolean: use true or false"),
+     ("vpcCidr=10.0.0.0/08", "lingjun-rdma:vpcCidr: write it as 10.0.0.0/8"),
+     ("region=cn-" + "a" * 300, "lingjun-rdma:region: not a region ID (got text of 303 ")],
+    ids=["out-of-range", "not-a-boolean", "cidr-not-as-written", "region-too-long"],
 )  # fmt: skip
 def test_a_config_refusal_is_one_line_naming_stack_key_and_fix(
     tmp_path: Path, setting: str, said: str
