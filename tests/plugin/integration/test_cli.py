@@ -4,6 +4,7 @@ flag or the file and the fix, never a traceback, and never blocks on what it rea
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -323,3 +324,25 @@ def test_a_path_flag_that_is_not_utf8_is_refused_naming_it(plugin: PluginProcess
 
     assert done.returncode == 2, done.stderr
     assert "argument --device-plugin-dir: not UTF-8: name a path in UTF-8" in done.stderr
+
+
+def test_the_package_itself_names_its_programs_and_each_answers_its_help() -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "plugin", "--help"], capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    bare = subprocess.run(
+        [sys.executable, "-m", "plugin"], capture_output=True, text=True, timeout=60, check=False
+    )
+
+    assert listed.returncode == 0, listed.stderr
+    assert bare.returncode == 2
+    assert listed.stdout in bare.stderr
+    modules = re.findall(r"^python -m (plugin\.\w+):", listed.stdout, re.MULTILINE)
+    assert modules == ["plugin.deviceplugin", "plugin.dra", "plugin.podenv"]
+    for module in modules:
+        helped = subprocess.run(
+            [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60,
+            check=False,
+        )  # fmt: skip
+        assert helped.returncode == 0, f"{module}: {helped.stderr}"
