@@ -19,8 +19,17 @@ import yaml
 
 from plugin.core.counters import HW_COUNTERS
 from plugin.core.podqps import POD_QPS
+from plugin.core.problems import HCA_UNHEALTHY
 from tests.conftest import PEER_SKIP_PREFIX
-from tests.e2e.cluster import LINGJUN_LABEL, PLUGIN_IMAGE, Cluster, Peers, reap_stale_runs, run_lock
+from tests.e2e.cluster import (
+    BUSYBOX_IMAGE,
+    LINGJUN_LABEL,
+    PLUGIN_IMAGE,
+    Cluster,
+    Peers,
+    reap_stale_runs,
+    run_lock,
+)
 from tests.e2e.conftest import _interrupt  # pyright: ignore[reportPrivateUsage]
 from tests.e2e.node import REPO
 from tests.e2e.procs import eventually
@@ -220,3 +229,41 @@ def _bandwidth(log: str) -> float:
     lines = log.splitlines()
     (header,) = [i for i, line in enumerate(lines) if line.strip().startswith("#bytes")]
     return float(lines[header + 1].split()[3])
+
+
+def test_a_port_taken_down_is_an_event_on_the_node_and_its_hca_unhealthy(
+    control_plane: Cluster, vm_node: VmNode
+) -> None:
+    cluster = control_plane
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "link-down"},
+        "spec": {
+            "nodeName": VM_NODE,
+            "hostNetwork": True,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [{
+                "name": "ip", "image": BUSYBOX_IMAGE,
+                "command": ["ip", "link", "set", "veth0", "down"],
+                "securityContext": {"privileged": True},
+            }],
+        },
+    }  # fmt: skip
+    cluster.api.create_pod(pod)
+
+    def unhealthy_event() -> list[dict[str, Any]]:
+        vm_node.qemu.check_alive()
+        events = cluster.api.get("/api/v1/namespaces/default/events")["items"]
+        return [
+            e for e in events
+            if e["involvedObject"].get("name") == VM_NODE and e["reason"] == HCA_UNHEALTHY
+        ]  # fmt: skip
+
+    (event, *_) = eventually(unhealthy_event, 600, f"{HCA_UNHEALTHY} on {VM_NODE}", interval=5)
+    print(f"vm-node: event {event['reason']}: {event['message']}")
+    assert "rxe0" in event["message"]
+    metrics = _scrape(vm_node)
+    assert 'rdma_plugin_hca_healthy{hca="rxe0",resource="rdma/hca"} 0.0' in metrics
+    assert 'rdma_plugin_hca_healthy{hca="rxe1",resource="rdma/hca"} 1.0' in metrics
