@@ -263,7 +263,7 @@ def _fake_pulumi(directory: Path, script: str) -> str:
         (lambda d: None, ("--project-dir", "/etc/hostname"),
          "deploy: --project-dir /etc/hostname: not a directory"),
         (lambda d: None, ("--project-dir", ""), "argument --project-dir: empty: name this"),
-        (lambda d: d.mkdir() or (d / "Pulumi.yaml").write_text("name: other\n") and None,
+        (lambda d: d.mkdir() or ((d / "Pulumi.yaml").write_text("name: other\n") and None),
          ("--project-dir", "bin"), "bin/Pulumi.yaml: not this project's (it needs name: "),
         (lambda d: None, ("--stack", "nope"), "deploy: --stack nope: no "),
     ],
