@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
 
-from plugin.core.discovery.model import Hca
+from plugin.core.discovery.model import IBDEV_NAME, Hca
 from plugin.core.discovery.sysfs import SysfsDiscovery
 from plugin.core.gidchoice import COMPUTED, Choice, NoGidError, choose
 from plugin.core.netaddrs import namespace_addresses
@@ -87,8 +87,6 @@ def _read_hcas(sysfs_root: Path, names: list[str]) -> list[Hca]:
 
 # An environment variable sh can set: ASCII (str.isidentifier also takes 'é').
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# An ibdev name: what the kernel allows (no '/'), as `rdma dev` shows them.
-_IBDEV = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -126,7 +124,7 @@ def _hca_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
             f"(its Allocate sets {HCAS_ENV})"
         )
     for name in names:
-        if not _IBDEV.fullmatch(name) or name in (".", ".."):
+        if not IBDEV_NAME.fullmatch(name):
             parser.error(
                 f"--hcas: {described(name)} is not an RDMA device name: at most 64 letters, "
                 "digits, '_', '.', '-' (e.g. mlx5_0)"

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Literal, Protocol
+
+# The RDMA device names this project hands out: what drivers and udev's RDMA naming give
+# (mlx5_0, rxe0, erdma_0, rocep1s0f0), no more. The kernel allows any name without '/' or white
+# space (`mlx5_$(id)`, `-rf`): such a name would reach env vars, NCCL's settings and shells, and
+# is left out, said, by discovery and podenv alike.
+IBDEV_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}")
 
 ROCE_V2 = "RoCE v2"
 GidType = Literal["IB/RoCE v1", "RoCE v2"]

@@ -9,7 +9,15 @@ import re
 import stat
 from pathlib import Path
 
-from plugin.core.discovery.model import CharDevices, Gid, GidType, Hca, Inventory, Port
+from plugin.core.discovery.model import (
+    IBDEV_NAME,
+    CharDevices,
+    Gid,
+    GidType,
+    Hca,
+    Inventory,
+    Port,
+)
 from plugin.core.userfiles import UnreadableError, decimal, file_kind, read_text, shown
 
 logger = logging.getLogger(__name__)
@@ -32,11 +40,6 @@ def read(path: Path) -> str | None:
         return None
 
 
-# What the kernel lets an RDMA device be named (dev_valid_name, IB_DEVICE_NAME_MAX): no '/',
-# no white space, at most 63 characters; printable here, as iproute2 shows them.
-_IBDEV = re.compile(r"[!-.0-~]{1,63}")
-
-
 class SysfsDiscovery:
     """Reads /sys/class/infiniband*, /sys/class/net and device nodes under dev_root."""
 
@@ -52,12 +55,13 @@ class SysfsDiscovery:
     def scan(self) -> Inventory:
         class_ib = self.sysfs / "class" / "infiniband"
         listed = sorted(os.listdir(class_ib)) if class_ib.is_dir() else []
-        names = [n for n in listed if _IBDEV.fullmatch(n) and n not in (".", "..")]
+        names = [n for n in listed if IBDEV_NAME.fullmatch(n)]
         verbs = self._chardev_owners("infiniband_verbs")
         mads = self._chardev_owners("infiniband_mad")
         hcas = [self._read_isolated(name, verbs, mads) for name in names]
         errors = tuple(  # never from the kernel: a name there goes to env vars and log lines
-            f"{class_ib}: {shown(n)} is not a name the kernel gives an RDMA device: left out"
+            f"{class_ib}: {shown(n)} is not an RDMA device name handed out here (letters, "
+            "digits, _ . -): left out"
             for n in listed
             if n not in names
         )

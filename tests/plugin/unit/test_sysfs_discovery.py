@@ -371,7 +371,9 @@ def test_the_pcie_root_is_found_as_kubernetes_finds_it(
     assert pcie_root_of(tmp_path, address) == root
 
 
-@pytest.mark.parametrize("name", ["rxe\nINJECTED", "rxe 1", "r" * 64, "rxé"])
+@pytest.mark.parametrize(
+    "name", ["rxe\nINJECTED", "rxe 1", "r" * 64, "rxé", "mlx5_$(id)", "-rf", ".hidden"]
+)
 def test_a_device_name_the_kernel_never_gives_is_left_out_and_said(
     tmp_path: Path, name: str
 ) -> None:
@@ -381,5 +383,7 @@ def test_a_device_name_the_kernel_never_gives_is_left_out_and_said(
 
     assert [h.name for h in inventory.hcas] == ["rxe0"]
     (error,) = inventory.errors
-    assert error.endswith("is not a name the kernel gives an RDMA device: left out")
+    assert error.endswith(
+        "is not an RDMA device name handed out here (letters, digits, _ . -): left out"
+    )
     assert "\n" not in error
