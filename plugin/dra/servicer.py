@@ -72,7 +72,9 @@ class _Claims:
                 answers[claim.uid] = str(exc)
             except asyncio.CancelledError:  # the driver stops: answered, not a grpc traceback
                 answers[claim.uid] = STOPPING
-                break
+                return answers  # a prepare left running may still change the claims: no save
+        if (problem := await self._saved()) is not None:
+            return {u: a if isinstance(a, str) else problem for u, a in answers.items()}
         return answers
 
     async def unprepare(self, claims: Iterable[Any]) -> dict[str, str]:
@@ -89,8 +91,26 @@ class _Claims:
                 answers[claim.uid] = str(exc)
             except asyncio.CancelledError:
                 answers[claim.uid] = STOPPING
-                break
+                return answers
+        if (problem := await self._saved()) is not None:
+            return {u: a or problem for u, a in answers.items()}
         return answers
+
+    async def _saved(self) -> str | None:
+        """The checkpoint of what this request changed, written before the kubelet hears of
+        it; why not, when it cannot be (each claim this request did is then answered so)."""
+        try:
+            async with self.lock:
+                await self._unless_stopping(self.preparer.save)
+        except OSError as exc:
+            problem = (
+                f"cannot write the checkpoint {self.preparer.checkpoint}: {exc.strerror or exc}"
+            )
+            logger.error("%s", problem)
+            return problem
+        except asyncio.CancelledError:
+            pass  # stopping: a claim answered is prepared again (idempotently) when asked
+        return None
 
 
 def _named(claim: Any) -> str:

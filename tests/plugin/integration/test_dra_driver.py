@@ -606,10 +606,10 @@ def test_a_cert_and_a_key_that_do_not_match_are_named_together(tmp_path: Path) -
     assert ": client-certificate and client-key: " in done.stderr
 
 
-def _claim(results: object, status: object = None) -> bytes:
+def _claim(results: object, status: object = None, uid: str = "u-1", name: str = "c") -> bytes:
     allocation = {"devices": {"results": results}}
     return json.dumps({
-        "metadata": {"uid": "u-1", "name": "c", "namespace": "default"},
+        "metadata": {"uid": uid, "name": name, "namespace": "default"},
         "status": status if status is not None else {"allocation": allocation},
     }).encode()  # fmt: skip
 
@@ -969,3 +969,43 @@ def test_a_context_naming_a_user_that_is_not_there_is_refused_not_anonymous(
 
     assert done.returncode == 2, done.stderr
     assert "users: the user named 'u': not there" in done.stderr
+
+
+async def _one_run(
+    driver: Driver, request: v1.NodePrepareResourcesRequest
+) -> v1.NodePrepareResourcesResponse:
+    """Start the driver, send it `request`, stop it."""
+    await driver.start()
+    try:
+        target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
+        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+            return await v1_grpc.DRAPluginStub(channel).NodePrepareResources(request, timeout=30)
+    finally:
+        assert await driver.stop() == 0
+
+
+async def test_the_claims_of_one_request_are_checkpointed_and_answered_after_a_restart(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    """The checkpoint is written once per request (it was per claim: 2000 claims wrote it
+    2000 times, each larger), before the answer: a restarted driver answers from it."""
+    result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
+    claims = {f"u-{i}": f"c{i}" for i in range(1, 4)}
+    path = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/"
+    by_path = {path + name: _claim(result, uid=uid, name=name) for uid, name in claims.items()}
+    api = OddApi(short_tmp, 200, b"{}", by_path=by_path)
+    driver = Driver(short_tmp, tree, api.url)
+    request = v1.NodePrepareResourcesRequest(
+        claims=[v1.Claim(namespace="default", uid=u, name=n) for u, n in claims.items()]
+    )
+    try:
+        first = await _one_run(driver, request)
+    finally:
+        api.close()
+    again = await _one_run(driver, request)  # no API server now: the checkpoint alone
+
+    checkpoint = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
+    assert sorted(json.loads(checkpoint.read_text())["claims"]) == sorted(claims)
+    for answer in (first, again):
+        got = {u: (a.error, [d.device_name for d in a.devices]) for u, a in answer.claims.items()}
+        assert got == {u: ("", ["hca-0"]) for u in claims}
