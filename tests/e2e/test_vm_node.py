@@ -137,7 +137,7 @@ def test_the_vm_is_a_node_whose_rendered_plugin_advertises_its_rxe_devices(
 # CM event 7, unreachable): here each side names its device, and the GID index its pod's
 # podenv init container chose (the rendered wrapper loads it into the env).
 _VM_SCRIPT = (
-    'bw="ib_write_bw -x $NCCL_IB_GID_INDEX -F --report_gbits -n 200"\n'
+    'bw="ib_write_bw -x $NCCL_IB_GID_INDEX -F --report_gbits -n 2000"\n'
     'if [ "$JOB_COMPLETION_INDEX" = 0 ]; then exec $bw -d rxe0; fi\n'
     "for i in $(seq 60); do\n"
     "  $bw -d rxe1 perftest-0.perftest && exit 0\n"
@@ -202,7 +202,7 @@ def test_the_rendered_perftest_pods_write_over_rxe_and_are_seen_on_metrics(
         return now if now in ("Succeeded", "Failed") else ""
 
     eventually(lambda: phase("perftest-0") == "Running", 900, "perftest-0 Running", interval=5)
-    metrics = eventually(qps_of_both, 600, "QPs of both pods on /metrics", interval=5)
+    metrics = eventually(qps_of_both, 600, "QPs of both pods on /metrics", interval=1)
     done = eventually(finished, 900, "perftest-1 done", interval=5)
     log = eventually(lambda: vm_node.pod_log(namespace, "perftest-1", "perftest"), 120,
                      "perftest-1's log on the guest console", interval=5)  # fmt: skip
