@@ -208,9 +208,10 @@ def test_the_rendered_perftest_pods_write_over_rxe_and_are_seen_on_metrics(
                      "perftest-1's log on the guest console", interval=5)  # fmt: skip
     print(f"vm-node: perftest-1 ({done}):\n{log}")
     assert done == "Succeeded", log
-    gbits = _bandwidth(log)
+    iterations, gbits = _result(log)
     print(f"vm-node: ib_write_bw rxe1 -> rxe0 between the two pods: {gbits} Gb/s average")
-    assert gbits > 0, log
+    assert iterations == 2000, log  # (the figure itself: perftest's clock under a loaded TCG
+    # can print 0.0 and warn of its CPU frequency's r^2)
     after = _scrape(vm_node)
     # rxe has no counters/ (port_xmit_data): its hw_counters count packets
     received = HW_COUNTERS["rcvd_pkts"].metric + "_total"
@@ -224,11 +225,12 @@ def _summed(metrics: str, name: str) -> float:
     )
 
 
-def _bandwidth(log: str) -> float:
-    """BW average [Gb/s] of ib_write_bw's result row (the line after its #bytes header)."""
+def _result(log: str) -> tuple[int, float]:
+    """Iterations and BW average [Gb/s] of ib_write_bw's result row (after its #bytes header)."""
     lines = log.splitlines()
     (header,) = [i for i, line in enumerate(lines) if line.strip().startswith("#bytes")]
-    return float(lines[header + 1].split()[3])
+    row = lines[header + 1].split()
+    return int(row[1]), float(row[3])
 
 
 def test_a_port_taken_down_is_an_event_on_the_node_and_its_hca_unhealthy(
