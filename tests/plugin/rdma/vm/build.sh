@@ -16,10 +16,10 @@ MIRROR=http://deb.debian.org/debian
 PACKAGES=python3,python3-pyverbs,rdma-core,ibverbs-providers,ibverbs-utils,rdmacm-utils,perftest,iproute2,kmod,util-linux,procps
 # What the guest loads, in this order: rxe needs a crc32 implementation it does not pull in
 # itself (crc32_generic, a module up to 6.x, REFERENCE §5; built in from 7.x, so optional);
-# ipvlan/macvlan for the netns tests; for the VM node (tests/e2e/vm_node.py): its NIC (virtio),
-# containerd's overlayfs snapshotter, the CNI bridge.
-OPTIONAL_MODULES="crc32_generic"
-MODULES="veth rdma_rxe ib_uverbs rdma_ucm ib_umad ipvlan macvlan virtio_pci virtio_net overlay bridge"
+# ipvlan/macvlan for the netns tests. For the VM node (tests/e2e/vm_node.py): its NIC (virtio),
+# containerd's overlayfs snapshotter, the CNI bridge: modules on 6.1, some built in on 7.x.
+OPTIONAL_MODULES="crc32_generic virtio_pci virtio_net overlay bridge"
+MODULES="veth rdma_rxe ib_uverbs rdma_ucm ib_umad ipvlan macvlan"
 SUITE=${RDMA_VM_KERNEL:-bookworm}
 if ! [[ $SUITE =~ ^[a-z]+(-[a-z]+)*$ ]]; then
   echo "build.sh: RDMA_VM_KERNEL=$SUITE: give a Debian suite name, e.g. bookworm or forky" >&2
