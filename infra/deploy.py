@@ -47,7 +47,7 @@ from pulumi.automation._minimum_version import (  # pyright: ignore[reportPrivat
 )
 from pulumi.automation.errors import create_command_error
 
-from infra.interrupt import children, descendants
+from infra.interrupt import children, deferred, descendants
 from infra.keys import PROJECT, PROJECT_DIR, StackConfigError
 from infra.program import main as program_main
 from infra.stackfiles import StackFileError, stack_config, stack_name
@@ -256,10 +256,15 @@ class _Cli(auto.PulumiCommand):
         env = {**os.environ, **additional_env, "PULUMI_AUTOMATION_API": "true"}
         # the plugins beside the binary first, as PulumiCommand does
         env["PATH"] = os.pathsep.join([os.path.dirname(self.command), env.get("PATH", "")])
-        with subprocess.Popen(
-            [self.command, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
-            env=env,
-        ) as proc:  # fmt: skip
+        # a stop signal is passed on to the CLI (pass_on) and takes effect once it has ended:
+        # it cancels cleanly, saying so on these pipes; a second stop kills it
+        with (
+            deferred(),
+            subprocess.Popen(
+                [self.command, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
+                env=env,
+            ) as proc,
+        ):  # fmt: skip
             out, err = _said(proc, on_output, on_error)
         result = auto.CommandResult(
             stdout="\n".join(out), stderr="\n".join(err), code=proc.returncode
