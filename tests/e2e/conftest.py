@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import stat
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -39,25 +40,34 @@ def logs() -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def cluster(logs: Path) -> Iterator[Cluster]:
+@contextlib.contextmanager
+def owned_cluster(
+    logs: Path, start: Callable[[Cluster], None], root_for: str
+) -> Generator[Cluster]:
+    """A cluster of this run, started by `start` and torn down whatever happens (a SIGTERM, a
+    CI timeout, too: it unwinds like Ctrl-C); skipped, naming the peer, where it cannot run."""
     peers = Peers.find()
     if isinstance(peers, str):
         pytest.skip(f"{PEER_SKIP_PREFIX} {peers}")
     if os.geteuid() != 0:
-        pytest.skip(f"{PEER_SKIP_PREFIX} root (the kubelet and containerd need it)")
-    # a SIGTERM (a CI timeout) must tear down too: make it unwind like Ctrl-C
+        pytest.skip(f"{PEER_SKIP_PREFIX} root ({root_for})")
     previous = signal.signal(signal.SIGTERM, _interrupt)
     with run_lock():
         for root in reap_stale_runs():
             print(f"e2e: cleaned up after a run killed outright: {root}")
         c = Cluster(peers, logs)
         try:
-            c.start()
+            start(c)
             yield c
         finally:
             c.stop()
             signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture(scope="session")
+def cluster(logs: Path) -> Iterator[Cluster]:
+    with owned_cluster(logs, Cluster.start, "the kubelet and containerd need it") as c:
+        yield c
 
 
 def _interrupt(signum: int, frame: object) -> None:

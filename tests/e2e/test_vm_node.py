@@ -6,8 +6,6 @@ image there, and the node advertises rdma/hca from the VM's verbs devices."""
 from __future__ import annotations
 
 import copy
-import os
-import signal
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -20,17 +18,13 @@ import yaml
 from plugin.core.counters import HW_COUNTERS
 from plugin.core.podqps import POD_QPS
 from plugin.core.problems import HCA_UNHEALTHY
-from tests.conftest import PEER_SKIP_PREFIX
 from tests.e2e.cluster import (
     BUSYBOX_IMAGE,
     LINGJUN_LABEL,
     PLUGIN_IMAGE,
     Cluster,
-    Peers,
-    reap_stale_runs,
-    run_lock,
 )
-from tests.e2e.conftest import _interrupt  # pyright: ignore[reportPrivateUsage]
+from tests.e2e.conftest import owned_cluster
 from tests.e2e.node import REPO
 from tests.e2e.procs import eventually
 from tests.e2e.scenario import RESOURCE
@@ -44,22 +38,9 @@ PLUGIN_KINDS = ("Namespace", "ServiceAccount", "Role", "RoleBinding", "ConfigMap
 
 @pytest.fixture(scope="module")
 def control_plane(logs: Path) -> Iterator[Cluster]:
-    peers = Peers.find()
-    if isinstance(peers, str):
-        pytest.skip(f"{PEER_SKIP_PREFIX} {peers}")
-    if os.geteuid() != 0:
-        pytest.skip(f"{PEER_SKIP_PREFIX} root (the API server listens on a lo address)")
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # a CI timeout tears down too
-    with run_lock():
-        for root in reap_stale_runs():
-            print(f"vm-node: cleaned up after a run killed outright: {root}")
-        cluster = Cluster(peers, logs)
-        try:
-            cluster.start_control_plane()
-            yield cluster
-        finally:
-            cluster.stop()
-            signal.signal(signal.SIGTERM, previous)
+    start = Cluster.start_control_plane
+    with owned_cluster(logs, start, "the API server listens on a lo address") as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")

@@ -710,13 +710,7 @@ async def test_a_pod_that_cannot_be_read_gives_its_claim_no_nccl_settings_and_th
     api = OddApi(
         short_tmp, 200, _claim([], status), by_path={"/api/v1/namespaces/default/pods/p": pod}
     )
-    driver = Driver(short_tmp, tree, api.url)
-    await driver.start()
-    try:
-        answer = await _prepare(driver, "u-1")
-    finally:
-        assert await driver.stop() == 0
-        api.close()
+    driver, answer = await _prepared_against(api, short_tmp, tree)
 
     assert answer.error == ""
     assert [d.device_name for d in answer.devices] == ["hca-0"]
@@ -749,13 +743,7 @@ async def test_pods_read_past_their_bound_give_no_nccl_settings_and_the_claim_is
                  _claim([], status)},
         slow_under=("/api/v1/namespaces/default/pods/", POD_READS_WITHIN / 2),
     )  # fmt: skip
-    driver = Driver(short_tmp, tree, api.url)
-    await driver.start()
-    try:
-        answer = await _prepare(driver, "u-1")
-    finally:
-        assert await driver.stop() == 0
-        api.close()
+    driver, answer = await _prepared_against(api, short_tmp, tree)
 
     assert answer.error == ""
     assert [d.device_name for d in answer.devices] == ["hca-0"]
@@ -794,6 +782,19 @@ def _entry(uid: str, **spec: object) -> dict[str, Any]:
 
 
 GOOD_ENTRY = _entry("u-1")
+
+
+async def _prepared_against(
+    api: OddApi, root: Path, tree: SysfsTree
+) -> tuple[Driver, v1.NodePrepareResourceResponse]:
+    """A driver of `api` started, claim u-1 prepared, the driver stopped, `api` closed."""
+    driver = Driver(root, tree, api.url)
+    await driver.start()
+    try:
+        return driver, await _prepare(driver, "u-1")
+    finally:
+        assert await driver.stop() == 0
+        api.close()
 
 
 async def _prepare(driver: Driver, uid: str) -> v1.NodePrepareResourceResponse:
