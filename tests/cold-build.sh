@@ -7,6 +7,8 @@
 # already has stay installed (apt is the machine's, not a cache of ours): a fresh machine has none
 # of the peers' packages, and each build installs what it lacks.
 # Prints each build's wall time; exits non-zero at the first build that fails.
+# `tests/cold-build.sh ci` instead runs the whole `.ci/run` on a clone of HEAD in that same empty
+# environment and prints its wall time: what CI on a new machine costs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=${COLD_ROOT:-$(mktemp -d /tmp/lingjun-cold.XXXXXX)}
@@ -16,6 +18,12 @@ export GOMODCACHE=$root/gomod GOCACHE=$root/gobuild UV_CACHE_DIR=$root/uv \
   XDG_CACHE_HOME=$root/xdg LINGJUN_ENGINE_CACHE=$root/engine LINGJUN_E2E_CACHE=$root/e2e \
   LINGJUN_MONITORING_CACHE=$root/monitoring RDMA_VM_CACHE=$root/vm IMAGE_CACHE=$root/containers
 t_all=$(date +%s)
+if [ "${1:-}" = ci ]; then
+  git clone -q . "$root/clone"
+  "$root/clone/.ci/run" 2>&1 | tee "$root/ci.log"
+  echo "cold-build: the whole .ci/run passed from empty caches in $(($(date +%s) - t_all)) s" >&2
+  exit 0
+fi
 step() {
   local name=$1 t0 && shift
   t0=$(date +%s)
