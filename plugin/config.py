@@ -6,6 +6,7 @@ library's import and model building would be a third of its start."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -20,6 +21,8 @@ from plugin.core.userfiles import (
     read_text,
     unknown_key,
 )
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_RESOURCE_NAME = "rdma/hca"
 DEFAULT_MAX_ALLOCATIONS = 1000
@@ -38,6 +41,16 @@ LinkLayer = Literal["Ethernet", "InfiniBand"]
 # part of at most 63 alphanumerics/-_. chars, not in the kubernetes.io domain.
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+# Domains (and their subdomains) a pool may not use: Kubernetes' own, and those whose resources
+# are the other devices of a GPU node. A device plugin registering a resource of theirs would
+# replace theirs at the kubelet (nvidia.com/gpu, aliyun.com/gpu-mem).
+_TAKEN_DOMAINS = {
+    "kubernetes.io": "reserved by Kubernetes",
+    "k8s.io": "reserved by Kubernetes",
+    "nvidia.com": "NVIDIA's (its GPUs' device plugin)",
+    "amd.com": "AMD's (its GPUs' device plugin)",
+    "aliyun.com": "Alibaba Cloud's (ACK's GPU sharing)",
+}
 
 Loc = tuple[str | int, ...]
 
@@ -92,9 +105,10 @@ def check_resource_name(resource_name: str) -> None:
         raise ConfigError(
             "its prefix is not a DNS subdomain", field="prefix", fix="e.g. rdma, as in rdma/hca"
         )
-    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
+    domain = ".".join(prefix.split(".")[-2:])  # gpu.nvidia.com is nvidia.com's
+    if (taken := _TAKEN_DOMAINS.get(domain)) is not None:
         raise ConfigError(
-            "the kubernetes.io domain is reserved",
+            f"the {domain} domain is {taken}",
             field="prefix",
             fix="a domain of your own, e.g. rdma, as in rdma/hca",
         )
@@ -266,7 +280,10 @@ def load_config(path: Path, *, explicit: bool) -> PluginConfig:
             f"{path}: holds no config (empty, or comments only)",
             fix="write at least `version: v1` for the defaults, or omit --config",
         )
-    return parse_config(data, str(path))
+    config = parse_config(data, str(path))
+    if isinstance(data, dict) and "pools" not in data:  # `version: v1` alone: said, not silent
+        logger.info("%s lists no pools: serving the default pool %s", path, DEFAULT_RESOURCE_NAME)
+    return config
 
 
 _T = TypeVar("_T")

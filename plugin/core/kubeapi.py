@@ -11,6 +11,7 @@ import binascii
 import contextlib
 import http.client
 import json
+import logging
 import os
 import re
 import ssl
@@ -33,9 +34,12 @@ from plugin.core.userfiles import (
     shown,
 )
 
+logger = logging.getLogger(__name__)
+
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _TIMEOUT = 15.0  # each connect and read
 _DEADLINE = 30.0  # a whole answer
+_SLOW = 5.0  # an answer still coming after this long is said while it is read
 # An answer's body at most: a node's ResourceSlices or an Event are kilobytes.
 _BODY_MAX = 16 << 20
 # A token file's size at most (a service account's JWT is about 1 KB).
@@ -256,10 +260,11 @@ class KubeApi:
         conn = http.client.HTTPSConnection(
             self.host, self.port, context=self.context, timeout=_TIMEOUT
         )
+        started = time.monotonic()
         try:
             conn.request(method, target, body=data, headers=headers)
             response = conn.getresponse()
-            text = _body(response, time.monotonic() + _DEADLINE).decode(errors="replace")
+            text = _body(response, f"{method} {path}", started).decode(errors="replace")
         except (OSError, http.client.HTTPException) as exc:
             raise KubeApiError(f"{method} {path}: {exc}") from None
         finally:
@@ -284,18 +289,28 @@ class KubeApi:
             ) from None
 
 
-def _body(response: http.client.HTTPResponse, deadline: float) -> bytes:
+def _body(response: http.client.HTTPResponse, what: str, started: float) -> bytes:
     """The answer's body, read by chunks: at most _BODY_MAX bytes (a server streaming without
-    end took the process to gigabytes) and by `deadline` (one dripping a byte a second kept a
-    prepare waiting for minutes: each read alone is within the socket's timeout)."""
+    end took the process to gigabytes) and _DEADLINE after the request (one dripping a byte a
+    second kept a prepare waiting for minutes: each read alone is within the socket's
+    timeout). Past _SLOW it is said once, while the caller still waits."""
     chunks: list[bytes] = []
     size = 0
+    slow = False
     while chunk := response.read1(64 * 1024):
         size += len(chunk)
         if size > _BODY_MAX:
             raise OSError(f"the answer is over {_BODY_MAX >> 20} MiB: not read further")
-        if time.monotonic() > deadline:
+        waited = time.monotonic() - started
+        if waited > _DEADLINE:
             raise OSError(f"the answer took over {_DEADLINE:g}s: not read further")
+        if waited > _SLOW and not slow:
+            slow = True
+            logger.warning(
+                "%s: the API server's answer is still coming after %gs (%d bytes so far): "
+                "read for up to %gs in all",
+                what, _SLOW, size, _DEADLINE,
+            )  # fmt: skip
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -301,7 +301,7 @@ def _strict_loader() -> type:
 
 
 def why_not_writable(directory: Path) -> str | None:
-    """Why a file cannot be created in `directory` (None when it can, as far as we can tell)."""
+    """Why a file cannot be created in `directory` (None when one was just created there)."""
     try:
         mode = directory.stat().st_mode
         read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
@@ -315,6 +315,12 @@ def why_not_writable(directory: Path) -> str | None:
         return "is on a read-only file system"
     if not os.access(directory, os.W_OK | os.X_OK):
         return "is not writable by this process"
+    try:  # the only sure answer (root passes access(); /proc, sysfs refuse new files anyway)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    except OSError as exc:
+        return f"refuses a new file ({exc.strerror or exc})"
+    os.close(fd)
+    os.unlink(tmp)
     return None
 
 

@@ -125,7 +125,9 @@ def test_list_key_that_is_not_json_is_refused() -> None:
     [
         ("hca", "lingjun-rdma:rdmaResourceName: not <prefix>/<name>"),
         ("RDMA/hca", "is not a DNS subdomain"),
-        ("kubernetes.io/hca", "the kubernetes.io domain is reserved"),
+        ("kubernetes.io/hca", "the kubernetes.io domain is reserved by Kubernetes"),
+        ("sub.k8s.io/hca", "the k8s.io domain is reserved by Kubernetes"),
+        ("nvidia.com/gpu", "the nvidia.com domain is NVIDIA's"),
         ("rdma/-hca", "must be 1-63 letters"),
     ],
 )

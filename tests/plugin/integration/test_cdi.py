@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import grpc
@@ -128,3 +129,14 @@ async def test_a_read_only_cdi_dir_is_said_at_start_and_in_the_refusal(
         f"--cdi-dir {cdi_dir}: cannot write {SPEC} there: is on a read-only file system"
     )
     assert said in plugin.output()
+
+
+async def test_a_cdi_dir_that_refuses_files_is_said_at_start(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    # root may write by its permissions, but /proc takes no new file: said before any Allocate
+    await plugin.start(plugin.write_config(EXCLUSIVE), cdi_dir=Path("/proc"))
+    await kubelet.wait_registrations(1)
+
+    said = r"--cdi-dir /proc (refuses a new file \(.+\)|is not writable by this process): CDI"
+    assert re.search(said + " allocations fail", plugin.output())

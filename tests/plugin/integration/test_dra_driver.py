@@ -332,6 +332,7 @@ class OddApi:
         by_path: dict[str, bytes] | None = None,
         endless: bool = False,
         slow_under: tuple[str, float] = ("", 0.0),
+        drip: float = 0.0,
     ) -> None:
         self.asked: list[str] = []
         key, cert = root / "api.key", root / "api.crt"
@@ -360,7 +361,10 @@ class OddApi:
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
-                self.wfile.write(answer)
+                for at in range(0, len(answer), 1 if drip else len(answer) or 1):
+                    self.wfile.write(answer[at : at + 1] if drip else answer)
+                    self.wfile.flush()
+                    time.sleep(drip)
 
             def do_POST(self) -> None:
                 self.do_GET()
@@ -450,6 +454,35 @@ async def test_an_answer_without_end_is_read_up_to_its_bound_and_the_driver_serv
     assert "the answer is over 16 MiB: not read further" in driver.log.read_text()
     (rss,) = (int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
     assert rss < 512 * 1024  # kB: the bound holds (unbounded, it grew by gigabytes)
+
+
+async def test_an_answer_that_drips_is_said_while_it_is_read_and_then_used(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    slices = b'{"items": []}'  # 13 bytes at 0.6 s each: past the 5 s after which it is said
+    api = OddApi(short_tmp, 200, slices, drip=0.6)
+    driver = Driver(short_tmp, tree, api.url)
+    await driver.start()
+    said = "the API server's answer is still coming after 5s ("
+    try:
+        for _ in range(100):
+            if said in driver.log.read_text():
+                break
+            await asyncio.sleep(0.1)
+        early = driver.log.read_text()
+        for _ in range(100):  # the slices GET done, the driver goes on to write them
+            if len(api.asked) > 1:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        assert await driver.stop() == 0
+        api.close()
+
+    assert said in early
+    assert "read for up to 30s in all" in early
+    assert "took over" not in driver.log.read_text()
+    assert api.asked[0].startswith("/apis/resource.k8s.io/v1/resourceslices")
+    assert len(api.asked) > 1
 
 
 def test_a_node_name_from_the_env_is_checked_as_the_flag_is() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,16 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
         ),
         (
             {"pools": [{"name": "a", "prefix": "kubernetes.io"}]},
-            "the kubernetes.io domain is reserved",
+            "the kubernetes.io domain is reserved by Kubernetes",
+        ),
+        (
+            {"pools": [{"name": "gpu", "prefix": "nvidia.com"}]},
+            "pools[0].prefix: the nvidia.com domain is NVIDIA's (its GPUs' device plugin): a "
+            "domain of your own, e.g. rdma, as in rdma/hca",
+        ),
+        (
+            {"pools": [{"name": "gpu-mem", "prefix": "x.aliyun.com"}]},
+            "the aliyun.com domain is Alibaba Cloud's",
         ),
         (
             {"pools": [{"name": "a", "prefix": "Bad_Domain"}]},
@@ -154,6 +164,23 @@ def test_the_rendered_file_and_the_same_config_in_yaml_read_the_same(tmp_path: P
 
     assert load_config(rendered, explicit=True) == load_config(hand_written, explicit=True)
     assert load_config(rendered, explicit=True) == config
+
+
+def test_a_file_without_pools_gets_the_default_pool_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "plugin.yaml"
+    path.write_text("version: v1\nnonHostNetwork: true\n")
+    caplog.set_level(logging.INFO)
+
+    config = load_config(path, explicit=True)
+
+    assert [p.resource_name for p in config.pools] == ["rdma/hca"]
+    assert f"{path} lists no pools: serving the default pool rdma/hca" in caplog.messages
+    caplog.clear()
+    path.write_text("version: v1\npools: [{name: a}]\n")
+    load_config(path, explicit=True)
+    assert caplog.messages == []
 
 
 def test_yaml_flow_style_that_is_not_json_is_still_read(tmp_path: Path) -> None:

@@ -87,6 +87,15 @@ def test_why_not_writable_names_a_missing_dir_and_a_file(tmp_path: Path) -> None
     assert why_not_writable(tmp_path) is None
     assert why_not_writable(tmp_path / "absent") == "does not exist"
     assert why_not_writable(tmp_path / "file") == "is a regular file, not a directory"
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]  # its trial file is gone
+
+
+def test_why_not_writable_tries_a_dir_that_permissions_allow() -> None:
+    # root passes access() on /proc, whose root refuses any new file: only a try tells
+    why = why_not_writable(Path("/proc"))
+
+    assert why is not None
+    assert why.startswith("refuses a new file (") or why == "is not writable by this process"
 
 
 def _alias_bomb(levels: int) -> str:
