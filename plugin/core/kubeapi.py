@@ -249,36 +249,18 @@ class KubeApi:
         content_type: str = "application/json",
     ) -> Any:
         """One request; the decoded JSON answer, or KubeApiError (a 404 too: `status` says)."""
-        target = path + ("?" + urlencode(query) if query else "")
-        headers = {"Accept": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = content_type
-        conn = http.client.HTTPSConnection(
-            self.host, self.port, context=self.context, timeout=_TIMEOUT
-        )
+        data = None if body is None else json.dumps(body).encode()
+        conn = self._connection(_TIMEOUT)
         started = time.monotonic()
         try:
-            conn.request(method, target, body=data, headers=headers)
-            response = conn.getresponse()
+            response = self._request(conn, method, path, query, data, content_type)
             text = _body(response, f"{method} {path}", started).decode(errors="replace")
         except (OSError, http.client.HTTPException) as exc:
             raise KubeApiError(f"{method} {path}: {exc}") from None
         finally:
             conn.close()
         if response.status >= 300:
-            try:
-                said = str(json.loads(text).get("message", text))
-            except (ValueError, AttributeError, RecursionError):
-                said = text
-            said = said or response.reason  # a redirect, a bare 5xx: its status line says
-            if self.token:  # a proxy may echo the Authorization header: never logged
-                said = said.replace(self.token, "<token>")
-            said = one_line(said)
-            raise KubeApiError(f"{method} {path}: {response.status} {said}", response.status)
+            raise self._refused(method, path, response, text)
         try:
             return json.loads(text) if text else None
         except (ValueError, RecursionError):  # a proxy's page, a server that is not Kubernetes
@@ -287,6 +269,68 @@ class KubeApi:
                 f"({len(text)} characters): is the kubeconfig's server an API server?",
                 response.status,
             ) from None
+
+    def changed(self, path: str, query: dict[str, str], since: str, within: float) -> bool:
+        """Whether the collection at `path` changes after resourceVersion `since` within
+        `within` seconds: a watch that the server ends then, read up to its first event (the
+        caller lists again, so one is enough). An expired `since` is a change too."""
+        watch = {**query, "watch": "true", "resourceVersion": since,
+                 "timeoutSeconds": str(int(within))}  # fmt: skip
+        conn = self._connection(within + _TIMEOUT)
+        try:
+            response = self._request(conn, "GET", path, watch, None, "")
+            if response.status >= 300:
+                text = _body(response, f"GET {path}", time.monotonic()).decode(errors="replace")
+                raise self._refused("GET", path, response, text)
+            event = response.readline(_BODY_MAX)
+        except (OSError, http.client.HTTPException) as exc:
+            raise KubeApiError(f"GET {path} (watch): {exc}") from None
+        finally:
+            conn.close()
+        if not event:  # the server ended the watch: nothing happened
+            return False
+        try:
+            kind = json.loads(event).get("type")
+        except (ValueError, RecursionError, AttributeError):
+            kind = None
+        if kind not in ("ADDED", "MODIFIED", "DELETED", "ERROR"):  # ERROR: 410, `since` expired
+            raise KubeApiError(f"GET {path} (watch): the answer is not a watch event")
+        return True
+
+    def _connection(self, timeout: float) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(
+            self.host, self.port, context=self.context, timeout=timeout
+        )
+
+    def _request(
+        self,
+        conn: http.client.HTTPSConnection,
+        method: str,
+        path: str,
+        query: dict[str, str] | None,
+        data: bytes | None,
+        content_type: str,
+    ) -> http.client.HTTPResponse:
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if data is not None:
+            headers["Content-Type"] = content_type
+        target = path + ("?" + urlencode(query) if query else "")
+        conn.request(method, target, body=data, headers=headers)
+        return conn.getresponse()
+
+    def _refused(
+        self, method: str, path: str, response: http.client.HTTPResponse, text: str
+    ) -> KubeApiError:
+        try:
+            said = str(json.loads(text).get("message", text))
+        except (ValueError, AttributeError, RecursionError):
+            said = text
+        said = said or response.reason  # a redirect, a bare 5xx: its status line says
+        if self.token:  # a proxy may echo the Authorization header: never logged
+            said = said.replace(self.token, "<token>")
+        return KubeApiError(f"{method} {path}: {response.status} {one_line(said)}", response.status)
 
 
 def _body(response: http.client.HTTPResponse, what: str, started: float) -> bytes:

@@ -137,6 +137,7 @@ async def run(
     tasks = [
         asyncio.create_task(health.run(), name="health"),
         asyncio.create_task(publisher.run(), name="slices"),
+        asyncio.create_task(publisher.watch(), name="slices-watch"),
     ]
     stopper = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)

@@ -1,7 +1,8 @@
 """The node's ResourceSlices, kept equal to its devices: the only writer of them. Each change of
 the devices is a new pool generation; the slices in the API are reconciled to it (created,
-replaced, deleted) on every change, on every registration with the kubelet (which wipes a
-node's slices when it starts and when a driver stays away) and periodically."""
+replaced, deleted) on every change, on every registration with the kubelet, whenever anyone
+else changes them (a watch: a starting kubelet wipes the node's slices in the background, after
+the driver may have registered again) and periodically."""
 
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ class SlicePublisher:
         self.published = 0  # generations reconciled into the API, for metrics and tests
         self._devices: tuple[SliceDevice, ...] | None = None
         self._trigger = asyncio.Event()
+        self._listed: str | None = None  # the resourceVersion of the last list
+        self._relisted = asyncio.Event()
 
     def update(self, devices: Sequence[SliceDevice]) -> None:
         """New devices: a new generation, reconciled as soon as the API lets us."""
@@ -79,7 +82,7 @@ class SlicePublisher:
             if self._devices is None:
                 continue
             try:
-                existing = await in_background(self._existing)
+                existing, version = await in_background(self._existing)
                 newest = max((_generation(s) for s in existing.values()), default=0)
                 if not self.published and newest >= self.generation:
                     self.generation = newest + 1  # a restart: past what the last run published
@@ -95,10 +98,50 @@ class SlicePublisher:
                 self._trigger.set()
                 continue
             backoff = _BACKOFF_START
+            self._listed = version
+            self._relisted.set()
 
-    def _existing(self) -> dict[str, dict[str, Any]]:
-        selector = f"spec.nodeName={self.node},spec.driver={self.driver}"
-        listed = self.api.call("GET", RESOURCE_SLICES, query={"fieldSelector": selector})
+    async def watch(self) -> None:
+        """Reconcile as soon as the node's slices change after the last list; without a watch
+        (RBAC, a proxy) the periodic recheck still does, said once."""
+        backoff = _BACKOFF_START
+        failing = False
+        while True:
+            since = self._listed
+            if since is None:  # nothing listed yet
+                self._relisted.clear()
+                await self._relisted.wait()
+                continue
+            try:
+                changed = await in_background(
+                    functools.partial(self.api.changed, RESOURCE_SLICES, self._query(), since,
+                                      _RECHECK)
+                )  # fmt: skip
+            except KubeApiError as exc:
+                if not failing:
+                    logger.warning(
+                        "ResourceSlices of %s cannot be watched (%s): a change by anyone else "
+                        "is mended within %.0fs",
+                        self.node, exc, _RECHECK,
+                    )  # fmt: skip
+                failing = True
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+                continue
+            if failing:
+                logger.info("ResourceSlices of %s: watched again", self.node)
+            failing, backoff = False, _BACKOFF_START
+            if changed and self._listed == since:  # else listed since: watch from there
+                self._relisted.clear()
+                self._trigger.set()
+                await self._relisted.wait()
+
+    def _query(self) -> dict[str, str]:
+        return {"fieldSelector": f"spec.nodeName={self.node},spec.driver={self.driver}"}
+
+    def _existing(self) -> tuple[dict[str, dict[str, Any]], str | None]:
+        """The node's slices of this driver, by name, and the list's resourceVersion."""
+        listed = self.api.call("GET", RESOURCE_SLICES, query=self._query())
         items: Any = None
         if isinstance(listed, dict):
             items = cast(dict[str, Any], listed).get("items") or []
@@ -108,7 +151,12 @@ class SlicePublisher:
                 f"GET {RESOURCE_SLICES}: the answer is not a list of ResourceSlices: is the "
                 "server an API server of 1.34 or newer?"
             )
-        return {s["metadata"]["name"]: s for s in cast(list[dict[str, Any]], items)}
+        meta: Any = cast(dict[str, Any], listed).get("metadata")
+        version: Any = (
+            cast(dict[str, Any], meta).get("resourceVersion") if isinstance(meta, dict) else None
+        )
+        found = {s["metadata"]["name"]: s for s in cast(list[dict[str, Any]], items)}
+        return found, version if isinstance(version, str) else None
 
     def _reconcile(
         self, existing: dict[str, dict[str, Any]], generation: int, devices: Sequence[SliceDevice]

@@ -123,6 +123,56 @@ class Peers:
         return Peers(**paths)
 
 
+def containerd_config(
+    *,
+    shim: Path,
+    runc: Path,
+    cni_bin: Path,
+    cni_conf: Path,
+    dirs: Path | None = None,
+    sock: Path | None = None,
+    no_pivot_root: bool = False,
+) -> str:
+    """containerd 2's config (version 3: the CRI's image and runtime parts are plugins of their
+    own), the host's and the VM node's. `dirs` holds root, state and opt (default: containerd's
+    own); NRI is off (it would listen on the host's /var/run/nri/nri.sock); `no_pivot_root` for
+    a rootfs that is an initramfs, which cannot be pivoted away from."""
+    runtimes = "plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes"
+    own = f'root = "{dirs / "root"}"\nstate = "{dirs / "state"}"\n' if dirs else ""
+    grpc = f'[grpc]\n  address = "{sock}"\n' if sock else ""
+    opt = (
+        f"[plugins.'io.containerd.internal.v1.opt']\n  path = \"{dirs / 'opt'}\"\n" if dirs else ""
+    )
+    return f"""version = 3
+{own}disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.nri.v1.nri"]
+{grpc}{opt}[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+  # pod sandboxes' netns mounts under the run's state dir: teardown's unmount frees them
+  netns_mounts_under_state_dir = true
+  # the CRI's CDI device names (a DRA driver's claims) resolved against these dirs' specs
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{cni_bin}"]
+    conf_dir = "{cni_conf}"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [{runtimes}.runc]
+      runtime_type = "io.containerd.runc.v2"
+      # the shim built with this containerd, not whichever one PATH has (Debian's 1.6)
+      runtime_path = "{shim}"
+      [{runtimes}.runc.options]
+        SystemdCgroup = false
+        NoPivotRoot = {str(no_pivot_root).lower()}
+        BinaryName = "{runc}"
+"""
+
+
 class Cluster:
     def __init__(self, peers: Peers, logs: Path) -> None:
         self.peers = peers
@@ -317,43 +367,15 @@ class Cluster:
         (cni / "conf" / "10-e2e.conflist").write_text(json.dumps(self._pod_network(cni)))
         config = ctd / "config.toml"
         config.parent.mkdir()
-        # containerd 2's config (version 3): the CRI's image and runtime parts are plugins of
-        # their own. NRI off: it would listen on the host's /var/run/nri/nri.sock.
-        runtimes = "plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes"
         config.write_text(
-            f"""version = 3
-root = "{ctd / "root"}"
-state = "{ctd / "state"}"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.nri.v1.nri"]
-[grpc]
-  address = "{self.containerd_sock}"
-[plugins.'io.containerd.internal.v1.opt']
-  path = "{ctd / "opt"}"
-[plugins.'io.containerd.cri.v1.images']
-  snapshotter = "overlayfs"
-  [plugins.'io.containerd.cri.v1.images'.pinned_images]
-    sandbox = "{PAUSE_IMAGE}"
-[plugins.'io.containerd.cri.v1.runtime']
-  restrict_oom_score_adj = true
-  # pod sandboxes' netns mounts under the run's state dir: teardown's unmount frees them
-  netns_mounts_under_state_dir = true
-  # the CRI's CDI device names (a DRA driver's claims) resolved against these dirs' specs
-  enable_cdi = true
-  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["{CNI_BIN}"]
-    conf_dir = "{cni / "conf"}"
-  [plugins.'io.containerd.cri.v1.runtime'.containerd]
-    default_runtime_name = "runc"
-    [{runtimes}.runc]
-      runtime_type = "io.containerd.runc.v2"
-      # the shim built with this containerd, not whichever one PATH has (Debian's 1.6)
-      runtime_path = "{self.peers.containerd_shim}"
-      [{runtimes}.runc.options]
-        SystemdCgroup = false
-        BinaryName = "{self._runc()}"
-"""
+            containerd_config(
+                shim=self.peers.containerd_shim,
+                runc=self._runc(),
+                cni_bin=CNI_BIN,
+                cni_conf=cni / "conf",
+                dirs=ctd,
+                sock=self.containerd_sock,
+            )
         )
         proc = self._proc("containerd", [str(self.peers.containerd), "--config", str(config)])
 

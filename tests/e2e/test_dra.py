@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -341,6 +342,22 @@ def test_a_kubelet_restart_keeps_running_pods_and_the_slices_come_back(
 
 
 # 6 -----------------------------------------------------------------------------------------
+def test_a_slice_deleted_by_anyone_else_is_written_again_at_once(api: Api) -> None:
+    """As a starting kubelet does, in the background, maybe after the driver registered again:
+    the driver's watch mends it, not its 60 s recheck."""
+    (before,) = eventually(lambda: _slices(api), 30, "the driver's slices")
+    name = before["metadata"]["name"]
+
+    api.call("DELETE", f"{RESOURCE}/resourceslices/{name}")
+    gone = time.monotonic()
+    (after,) = eventually(lambda: _slices(api), 10, "the driver's slice written again")
+
+    assert after["metadata"]["name"] == name
+    assert after["metadata"]["uid"] != before["metadata"]["uid"]  # a new object
+    assert after["spec"]["devices"] == before["spec"]["devices"]
+    print(f"slice written again {time.monotonic() - gone:.1f} s after its deletion")
+
+
 def test_a_driver_gone_leaves_no_slice(api: Api, dra: DraDriver) -> None:
     eventually(lambda: _slices(api), 30, "the driver's slices")
 

@@ -24,6 +24,7 @@ from tests.e2e.cluster import (
     BUSYBOX_IMAGE,
     PAUSE_IMAGE,
     Cluster,
+    containerd_config,
 )
 from tests.e2e.node import REPO
 from tests.e2e.procs import Proc, run
@@ -90,6 +91,16 @@ class VmNode:
             (root / dest).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, root / dest)
         (root / "init").chmod(0o755)
+        (root / "etc/containerd").mkdir(parents=True)
+        (root / "etc/containerd/config.toml").write_text(
+            containerd_config(
+                shim=Path("/opt/k8s/containerd-shim-runc-v2"),
+                runc=Path("/opt/k8s/runc"),
+                cni_bin=Path("/opt/cni"),
+                cni_conf=Path("/etc/cni/net.d"),
+                no_pivot_root=True,  # the guest's rootfs is its initramfs
+            )
+        )
         applets = run([str(peers.busybox), "--list"]).split()
         images = (
             oci.pause(PAUSE_IMAGE, peers.pause),
@@ -100,7 +111,7 @@ class VmNode:
         (root / "etc/vmnode/env").write_text(
             f"NODE={VM_NODE}\nAPI_ADDRESS={API_ADDRESS}\n"
             f"API_FORWARD_PORT={self.api_forward_port}\n"
-            f"TOKEN={self.cluster.token}\nPAUSE_IMAGE={PAUSE_IMAGE}\n"
+            f"TOKEN={self.cluster.token}\n"
             f"PERFTEST_IMAGE={PERFTEST_IMAGE}\n"
         )
         code = self.work / "code.cpio"
