@@ -485,6 +485,34 @@ async def test_an_answer_that_drips_is_said_while_it_is_read_and_then_used(
     assert len(api.asked) > 1
 
 
+async def test_slices_that_cannot_be_watched_are_said_once_and_still_published(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    # lists and writes answered, but a watch gets a list too (a proxy that drops ?watch)
+    api = OddApi(short_tmp, 200, b'{"items": [], "metadata": {"resourceVersion": "5"}}')
+    driver = Driver(short_tmp, tree, api.url)
+    await driver.start()
+    said = "cannot be watched (GET /apis/resource.k8s.io/v1/resourceslices (watch): the "
+    try:
+        for _ in range(100):
+            if said in driver.log.read_text():
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(4)  # its retries at 1, 2 s: not said again
+    finally:
+        assert await driver.stop() == 0
+        api.close()
+
+    log = driver.log.read_text()
+    assert log.count(said) == 1
+    assert "answer is not a watch event): a change by anyone else is mended within 60s" in log
+    watches = [p for p in api.asked if "watch=true" in p]
+    assert len(watches) >= 2  # tried again
+    assert all("resourceVersion=5" in p for p in watches)
+    assert any(p.startswith("/apis/resource.k8s.io/v1/resourceslices") and "watch" not in p
+               for p in api.asked)  # fmt: skip
+
+
 def test_a_node_name_from_the_env_is_checked_as_the_flag_is() -> None:
     env = {**os.environ, "NODE_NAME": "S3cret Value\nINJECTED"}
     done = subprocess.run(
