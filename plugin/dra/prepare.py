@@ -115,6 +115,8 @@ class Preparer:
         self._views: dict[str, policy.PoolView] = {}
         self._devices: dict[str, SliceDevice] = {}
         self.claims: dict[str, Prepared] = load_checkpoint(checkpoint, cdi_kind, dev_root)
+        # read back, not yet compared with what prepare would write for them on this node now
+        self._unchecked = set(self.claims)
         self._unsaved = False
 
     def update(self, views: Sequence[policy.PoolView]) -> list[SliceDevice]:
@@ -131,6 +133,15 @@ class Preparer:
         reboot) gets the same answer, and its spec written again if it is gone. The checkpoint
         is written by `save`, once per request of the kubelet, before it is answered."""
         done = self.claims.get(claim.uid)
+        if done is not None and claim.uid in self._unchecked:
+            self._unchecked.discard(claim.uid)
+            if not self._as_written(claim, done):
+                logger.warning(
+                    "checkpoint %s: claim %s/%s (%s) is not what this driver writes for it on "
+                    "this node now: prepared afresh", self.checkpoint, claim.namespace,
+                    claim.name, claim.uid,
+                )  # fmt: skip
+                done = None
         if done is None:
             done = self._prepare(claim)
             self.claims[claim.uid] = done
@@ -158,6 +169,7 @@ class Preparer:
                            name, self.cdi_kind)  # fmt: skip
         else:
             (self.cdi_dir / name).unlink(missing_ok=True)
+        self._unchecked.discard(claim.uid)
         if self.claims.pop(claim.uid, None) is not None:
             self._unsaved = True
             logger.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
@@ -183,9 +195,7 @@ class Preparer:
                 f"claim {claim.namespace}/{claim.name}: the API server's answer is not a "
                 "ResourceClaim as resource.k8s.io/v1 has it"
             ) from None
-        allocations: dict[str, policy.Allocation] = {}
-        hcas: list[str] = []
-        granted: dict[str, Hca] = {}
+        usable: dict[str, tuple[str, ...]] = {}
         for name in requests:
             device = self._devices.get(name)
             if device is None:
@@ -194,23 +204,43 @@ class Preparer:
                     "usable, or the driver's config changed since the claim was allocated)"
                 )
             view = self._views[device.pool]
-            usable = tuple(h.name for h in view.hcas if h.name in device.hcas)
-            usable = tuple(
-                h.name for h in view.hcas if h.name in usable and h.unhealthy_reason() is None
+            usable[name] = tuple(
+                h.name for h in view.hcas if h.name in device.hcas and h.unhealthy_reason() is None
             )
-            if not usable:
+            if not usable[name]:
                 raise PrepareError(f"device {name}: none of its HCAs is usable now")
-            allocations[f"{claim.uid}-{name}"] = policy.allocation(view, usable, self.dev_root)
-            hcas += [h for h in usable if h not in hcas]
-            granted |= {h.name: h for h in view.hcas if h.name in usable}
+        done = self._written(claim, requests, usable, self._host_network_only(claim, obj))
+        hcas = dict.fromkeys(h for names in usable.values() for h in names)
+        logger.info(
+            "prepared claim %s/%s (%s): %s", claim.namespace, claim.name, claim.uid, ", ".join(hcas)
+        )
+        return done
+
+    def _written(
+        self,
+        claim: ClaimRef,
+        requests: Mapping[str, Sequence[str]],
+        usable: Mapping[str, Sequence[str]],
+        host_network: bool,
+    ) -> Prepared:
+        """What prepare writes for a claim whose devices (with their requests) get these HCAs."""
+        allocations: dict[str, policy.Allocation] = {}
+        hcas: list[str] = []
+        granted: dict[str, Hca] = {}
+        for name, names in usable.items():
+            view = self._views[self._devices[name].pool]
+            allocations[f"{claim.uid}-{name}"] = policy.allocation(
+                view, tuple(names), self.dev_root
+            )
+            hcas += [h for h in names if h not in hcas]
+            granted |= {h.name: h for h in view.hcas if h.name in names}
         env = {HCAS_ENV: ",".join(hcas)}
-        if self._host_network_only(claim, obj):
+        if host_network:
             env |= _nccl(claim, [granted[h] for h in hcas])
         # one env for the whole claim: each device sets it, to the same value
         allocations = {
             n: policy.Allocation(a.devices, {**a.envs, **env}) for n, a in allocations.items()
         }
-        content = cdi.spec(self.cdi_kind, allocations)
         devices = tuple(
             PreparedDevice(
                 request_names=tuple(requests[name]),
@@ -218,12 +248,34 @@ class Preparer:
                 device_name=name,
                 cdi_device_ids=(cdi.device_id(self.cdi_kind, f"{claim.uid}-{name}"),),
             )
-            for name in requests
+            for name in usable
         )
-        logger.info(
-            "prepared claim %s/%s (%s): %s", claim.namespace, claim.name, claim.uid, ", ".join(hcas)
-        )
-        return Prepared(claim.namespace, claim.name, devices, content)
+        return Prepared(claim.namespace, claim.name, devices, cdi.spec(self.cdi_kind, allocations))
+
+    def _as_written(self, claim: ClaimRef, done: Prepared) -> bool:
+        """Whether a claim read back from the checkpoint is exactly what prepare writes for it
+        on this node now: the claim the kubelet names, devices this node publishes, the device
+        nodes and env of the HCAs it names. A forged entry (another HCA's device node, one not
+        on the node, an env prepare never sets, another claim's) is not."""
+        try:
+            edits = done.spec["devices"][0]["containerEdits"]
+            env = dict(e.split("=", 1) for e in edits["env"])
+            named = set(env[HCAS_ENV].split(","))
+            if any(d.pool_name != self.node for d in done.devices):
+                return False
+            usable = {
+                d.device_name: tuple(
+                    h.name
+                    for h in self._views[self._devices[d.device_name].pool].hcas
+                    if h.name in named and h.name in self._devices[d.device_name].hcas
+                )
+                for d in done.devices
+            }
+            requests = {d.device_name: d.request_names for d in done.devices}
+            host_network = any(k in env for k in COMPUTED)
+            return self._written(claim, requests, usable, host_network) == done
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+            return False
 
     def _claim(self, claim: ClaimRef) -> dict[str, Any]:
         path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
@@ -319,7 +371,7 @@ def load_checkpoint(path: Path, cdi_kind: str, dev_root: Path) -> dict[str, Prep
         if not isinstance(doc, dict):
             raise ValueError(f"a JSON {type(doc).__name__}, not this driver's checkpoint")
         doc = cast(dict[str, Any], doc)
-        if doc.get("version") != CHECKPOINT_VERSION:
+        if type(doc.get("version")) is not int or doc["version"] != CHECKPOINT_VERSION:
             raise ValueError(f"version {doc.get('version')}, not {CHECKPOINT_VERSION}")
         claims: dict[str, Prepared] = {}
         for uid, entry in cast(dict[str, Any], doc["claims"]).items():

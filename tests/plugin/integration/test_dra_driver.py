@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -842,7 +842,12 @@ def _entry(uid: str, **spec: object) -> dict[str, Any]:
     }  # fmt: skip
 
 
-GOOD_ENTRY = _entry("u-1")
+def _good(driver: Driver) -> dict[str, Any]:
+    """The entry prepare writes for u-1 (hca-0, off the host network) on the two-mlx5 tree."""
+    dev = driver.spec.dev_root / "infiniband"
+    nodes = [{"path": f"/dev/infiniband/{n}", "hostPath": str(dev / n), "permissions": "rw"}
+             for n in ("rdma_cm", "uverbs0", "umad0")]  # fmt: skip
+    return _entry("u-1", **_edits(nodes, "u-1", env=["LINGJUN_RDMA_HCAS=mlx5_0"]))
 
 
 async def _prepared_against(
@@ -870,9 +875,9 @@ async def _prepare(driver: Driver, uid: str) -> v1.NodePrepareResourceResponse:
     return answer.claims[uid]
 
 
-def _edits(**edits: object) -> dict[str, Any]:
-    return {"devices": [{"name": "u-2-hca-0", "containerEdits": {
-        "deviceNodes": [], "env": [], **edits}}]}  # fmt: skip
+def _edits(nodes: Sequence[object] = (), uid: str = "u-2", **edits: object) -> dict[str, Any]:
+    return {"devices": [{"name": f"{uid}-hca-0", "containerEdits": {
+        "deviceNodes": list(nodes), "env": [], **edits}}]}  # fmt: skip
 
 
 def _device(**fields: object) -> dict[str, Any]:
@@ -891,7 +896,7 @@ HOST_MOUNT = [{"hostPath": "/", "containerPath": "/host"}]
      ("u-2", _entry("u-2", cdiVersion="9.9.9")),
      ("u-2", _entry("u-2", **_edits(mounts=HOST_MOUNT))),
      ("u-2", _entry("u-2", containerEdits={"mounts": HOST_MOUNT})),
-     ("u-2", _entry("u-2", **_edits(deviceNodes=[A_DISK]))),
+     ("u-2", _entry("u-2", **_edits([A_DISK]))),
      ("u-2", _entry("u-2", **_edits(env=["LD_PRELOAD=/tmp/evil.so"]))),
      ("u-2", _device(cdi_device_ids=["nvidia.com/gpu=all"])),
      ("u-2", _device(pool_name=1)),
@@ -911,7 +916,7 @@ async def test_a_checkpoint_entry_not_as_the_driver_writes_it_is_left_out_the_re
     """Only what prepare writes is read back: a forged entry would reach the runtime (another
     vendor's devices, the host's /, a loader env) or fail the claim with a traceback."""
     driver = Driver(short_tmp, tree)
-    _checkpoint(driver, {"u-1": GOOD_ENTRY, uid: entry})
+    _checkpoint(driver, {"u-1": _good(driver), uid: entry})
     await driver.start()
     try:
         kept, left_out = await _prepare(driver, "u-1"), await _prepare(driver, "u-2")
@@ -927,6 +932,74 @@ async def test_a_checkpoint_entry_not_as_the_driver_writes_it_is_left_out_the_re
     assert "Traceback" not in log
 
 
+def _forged(driver: Driver, how: str) -> dict[str, Any]:
+    """u-1's real entry with one thing changed that its shape does not show."""
+    entry = _good(driver)
+    (device,) = entry["devices"]
+    edits = entry["spec"]["devices"][0]["containerEdits"]
+    nodes = edits["deviceNodes"]
+    if how == "another-hcas-node":
+        nodes[1] = {**nodes[1], "path": "/dev/infiniband/uverbs1",
+                    "hostPath": nodes[1]["hostPath"].replace("uverbs0", "uverbs1")}  # fmt: skip
+    elif how == "a-node-not-on-the-node":
+        nodes.append({**nodes[1], "path": "/dev/infiniband/uverbs49",
+                      "hostPath": nodes[1]["hostPath"].replace("uverbs0", "uverbs49")})  # fmt: skip
+    elif how == "another-hca-named":
+        edits["env"] = ["LINGJUN_RDMA_HCAS=mlx5_7"]
+    elif how == "an-nccl-value-never-written":
+        edits["env"] += ["NCCL_SOCKET_IFNAME=$(reboot)"]
+    elif how == "another-claims-entry":
+        entry |= {"namespace": "kube-system", "name": "someone-else"}
+    elif how == "another-nodes-pool":
+        device["pool_name"] = "another-node"
+    elif how == "a-device-not-on-the-node":
+        device |= {
+            "device_name": "hca-1000",
+            "cdi_device_ids": ["rdma.lingjun-rdma.io/hca=u-1-hca-1000"],
+        }
+        entry["spec"]["devices"][0]["name"] = "u-1-hca-1000"  # slots are hca-0..999
+    return entry
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["another-hcas-node", "a-node-not-on-the-node", "another-hca-named",
+     "an-nccl-value-never-written", "another-claims-entry", "another-nodes-pool",
+     "a-device-not-on-the-node"],
+)  # fmt: skip
+async def test_a_checkpoint_entry_of_our_shape_but_not_what_we_would_write_is_prepared_afresh(
+    short_tmp: Path, tree: SysfsTree, how: str
+) -> None:
+    """Shaped as prepare writes it, but not what prepare writes for this claim on this node:
+    nothing of it reaches the runtime, the claim is prepared afresh (here without an API)."""
+    driver = Driver(short_tmp, tree)
+    _checkpoint(driver, {"u-1": _forged(driver, how)})
+    await driver.start()
+    try:
+        answer = await _prepare(driver, "u-1")
+    finally:
+        assert await driver.stop() == 0
+
+    assert answer.error.startswith("cannot read claim default/c: ")
+    assert not answer.devices
+    assert not (driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")).exists()
+    log = driver.log.read_text()
+    assert "claim default/c (u-1) is not what this driver writes for it on this node now: " in log
+    assert "Traceback" not in log
+
+
+async def test_a_checkpoint_of_version_true_is_not_version_1(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    driver = Driver(short_tmp, tree)
+    path = _checkpoint(driver, {"u-1": _good(driver)})
+    path.write_text(json.dumps({"version": True, "claims": {"u-1": _good(driver)}}))
+    await driver.start()
+    assert await driver.stop() == 0
+
+    assert "cannot be read (version True, not 1)" in driver.log.read_text()
+
+
 @pytest.mark.parametrize(
     ("there", "said"),
     [("dir", "cannot write"), ("notes", "is not a CDI spec of rdma.lingjun-rdma.io/hca")],
@@ -936,7 +1009,7 @@ async def test_what_is_not_our_spec_where_a_claims_spec_goes_is_that_claims_erro
     short_tmp: Path, tree: SysfsTree, there: str, said: str
 ) -> None:
     driver = Driver(short_tmp, tree)
-    _checkpoint(driver, {"u-1": GOOD_ENTRY})
+    _checkpoint(driver, {"u-1": _good(driver)})
     path = driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")
     path.parent.mkdir(parents=True)
     if there == "dir":
@@ -965,10 +1038,10 @@ async def test_what_is_not_our_spec_where_a_claims_spec_goes_is_that_claims_erro
 
 async def test_a_stale_spec_of_ours_is_written_again(short_tmp: Path, tree: SysfsTree) -> None:
     driver = Driver(short_tmp, tree)
-    _checkpoint(driver, {"u-1": GOOD_ENTRY})
+    _checkpoint(driver, {"u-1": _good(driver)})
     path = driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({**GOOD_ENTRY["spec"], "devices": []}))
+    path.write_text(json.dumps({**_good(driver)["spec"], "devices": []}))
     await driver.start()
     try:
         answer = await _prepare(driver, "u-1")
@@ -976,7 +1049,7 @@ async def test_a_stale_spec_of_ours_is_written_again(short_tmp: Path, tree: Sysf
         assert await driver.stop() == 0
 
     assert answer.error == ""
-    assert json.loads(path.read_text()) == GOOD_ENTRY["spec"]
+    assert json.loads(path.read_text()) == _good(driver)["spec"]
 
 
 async def test_a_stop_during_a_prepare_waiting_on_a_silent_api_server_is_prompt_and_clean(
