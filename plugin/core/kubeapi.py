@@ -44,6 +44,8 @@ _SLOW = 5.0  # an answer still coming after this long is said while it is read
 _BODY_MAX = 16 << 20
 # A token file's size at most (a service account's JWT is about 1 KB).
 _TOKEN_MAX = 64 * 1024
+# A PEM file's size at most (a CA bundle of hundreds of certificates is under 1 MiB).
+_PEM_MAX = 1 << 20
 # A bearer token: visible ASCII (RFC 6750's b64token and more), as a header carries it.
 _TOKEN = re.compile(r"[\x21-\x7e]+")
 
@@ -106,7 +108,7 @@ def _field(
     try:
         return read()
     except UnreadableError as exc:
-        why = str(exc)
+        why = f"{file}: {exc}" if file else str(exc)
     except (binascii.Error, UnicodeDecodeError):
         why = "not base64 of PEM text"
     except ssl.SSLError as exc:
@@ -188,7 +190,8 @@ class KubeApi:
                 cadata=base64.b64decode(data, validate=True).decode()))  # fmt: skip
         elif "certificate-authority" in cluster:
             ca = str(cluster["certificate-authority"])
-            _field(where, "certificate-authority", lambda: tls.load_verify_locations(cafile=ca), ca)
+            _field(where, "certificate-authority",
+                   lambda: tls.load_verify_locations(cadata=_pem(ca)), ca)  # fmt: skip
         _client_cert(where, tls, user)
         token = user.get("token")
         if token is None and "tokenFile" in user:
@@ -212,7 +215,7 @@ class KubeApi:
         where = f"the pod's service account ({SERVICE_ACCOUNT})"
         fix = "mount it (automountServiceAccountToken: true), or pass --kubeconfig"
         ca = str(SERVICE_ACCOUNT / "ca.crt")
-        tls = _field(where, "ca.crt", lambda: ssl.create_default_context(cafile=ca), fix=fix)
+        tls = _field(where, "ca.crt", lambda: ssl.create_default_context(cadata=_pem(ca)), fix=fix)
         token = _field(
             where, "token", lambda: read_text(SERVICE_ACCOUNT / "token", _TOKEN_MAX), fix=fix
         )
@@ -237,6 +240,11 @@ class KubeApi:
         if url is None or url.scheme != "https" or not host:
             raise CredentialsError(
                 f"{where}: server {described(server)} is not https://HOST[:PORT]: fix it"
+            )
+        if url.username is not None or url.password is not None:  # dropped, the calls anonymous
+            raise CredentialsError(
+                f"{where}: server has a login (USER:PASSWORD@) in it, which an API server does "
+                "not take: remove it, log in with a token or a client certificate"
             )
         return KubeApi(host, port, tls, bearer)
 
@@ -373,14 +381,24 @@ def _no_passphrase() -> str:
     raise ValueError("the client key is encrypted: give its unencrypted PEM")
 
 
+def _pem(path: str) -> str:
+    """A PEM file's text, read as every file a user names is (a FIFO there blocked the start for
+    ever: ssl opens its files blocking)."""
+    return read_text(Path(path), _PEM_MAX)
+
+
 def _client_cert(where: str, tls: ssl.SSLContext, user: dict[str, Any]) -> None:
-    """A client certificate from files or inline data (ssl loads only files: inline data goes
-    through a private temporary dir, removed at once)."""
+    """A client certificate from files or inline data (ssl loads only files: both go through
+    a private temporary dir, removed at once, after being read as any file a user names)."""
     if "client-certificate" in user:
         cert, key = str(user["client-certificate"]), user.get("client-key")
+        pem = _field(where, "client-certificate", lambda: _pem(cert).encode(), cert)
+        key_pem = b"" if key is None else _field(
+            where, "client-key", lambda: _pem(str(key)).encode(), str(key)
+        )  # fmt: skip
         # a cert without its key, or a key of another cert: both named, the pair is the problem
         named = "client-certificate" if key is None else "client-certificate and client-key"
-        _field(where, named, lambda: tls.load_cert_chain(cert, key, _no_passphrase), cert)
+        _load_chain(where, named, tls, pem, key_pem)
     elif "client-certificate-data" in user:
         pem = _field(
             where,
@@ -392,9 +410,15 @@ def _client_cert(where: str, tls: ssl.SSLContext, user: dict[str, Any]) -> None:
             "client-key-data",
             lambda: base64.b64decode(user.get("client-key-data", ""), validate=True),
         )
-        with tempfile.TemporaryDirectory() as tmp:
-            cert, key = Path(tmp) / "crt", Path(tmp) / "key"
-            cert.write_bytes(pem)
-            key.write_bytes(key_pem)
-            _field(where, "client-certificate-data and client-key-data",
-                   lambda: tls.load_cert_chain(str(cert), str(key), _no_passphrase))  # fmt: skip
+        _load_chain(where, "client-certificate-data and client-key-data", tls, pem, key_pem)
+
+
+def _load_chain(where: str, named: str, tls: ssl.SSLContext, pem: bytes, key_pem: bytes) -> None:
+    """ssl's load_cert_chain of this PEM data (no key: the certificate's file holds it)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cert, key = Path(tmp) / "crt", Path(tmp) / "key"
+        cert.write_bytes(pem)
+        key.write_bytes(key_pem)
+        keyfile = str(key) if key_pem else None
+        _field(where, named,
+               lambda: tls.load_cert_chain(str(cert), keyfile, _no_passphrase))  # fmt: skip

@@ -333,6 +333,12 @@ class Preparer:
         return True
 
     def _allocated(self, claim: ClaimRef, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        said = (obj["metadata"].get("namespace"), obj["metadata"].get("name"))
+        if said != (claim.namespace, claim.name):
+            raise PrepareError(
+                f"the API server answered for claim {claim.namespace}/{claim.name} with "
+                f"{shown('/'.join(map(str, said)))}: not used"
+            )
         found = obj["metadata"].get("uid")
         if found != claim.uid:
             raise PrepareError(

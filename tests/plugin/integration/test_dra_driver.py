@@ -260,7 +260,7 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
          {"client-certificate-data": "bad!!S3cret"}, "client-certificate-data: not base64"),
         ({"server": SERVER, "insecure-skip-tls-verify": True},
          {"client-certificate": "/nonexistent/c.crt", "client-key": "/nonexistent/c.key"},
-         "client-certificate and client-key: /nonexistent/c.crt: No such file or directory"),
+         "client-certificate: /nonexistent/c.crt: No such file or directory"),
         ({"server": SERVER, "insecure-skip-tls-verify": True}, {"tokenFile": "FIFO"},
          "tokenFile: a FIFO, not a regular file"),
         ({"server": SERVER, "insecure-skip-tls-verify": True}, {"tokenFile": "/dev/zero"},
@@ -290,19 +290,32 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
          "as is not supported here"),
         ({"server": SERVER, "insecure-skip-tls-verify": True}, {"client-key": "ENCRYPTED"},
          "client-certificate and client-key: the client key is encrypted: give its unencrypted"),
+        ({"server": "https://u:S3cret@127.0.0.1:6443", "insecure-skip-tls-verify": True}, {},
+         "server has a login (USER:PASSWORD@) in it, which an API server does not take"),
+        ({"server": SERVER, "certificate-authority": "FIFO"}, {},
+         "certificate-authority: @FIFO: a FIFO, not a regular file"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True},
+         {"client-certificate": "FIFO", "client-key": "FIFO"},
+         "client-certificate: @FIFO: a FIFO, not a regular file"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True},
+         {"client-certificate": "/etc/hostname", "client-key": "FIFO"},
+         "client-key: @FIFO: a FIFO, not a regular file"),
     ],
     ids=["ca-not-base64", "ca-not-text", "ca-not-pem", "ca-file-missing", "port-out-of-range",
          "bad-ipv6", "cert-not-base64", "cert-file-missing", "token-fifo", "token-dev-zero",
          "token-missing", "exec", "auth-provider", "basic-auth", "proxy", "token-newline",
          "user-a-list", "no-server", "tls-skip-as-text", "token-a-list", "impersonation",
-         "key-encrypted"],
+         "key-encrypted", "server-login", "ca-fifo", "cert-fifo", "key-fifo"],
 )  # fmt: skip
 def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
     tmp_path: Path, cluster: dict[str, object], user: object, said: str
 ) -> None:
-    if isinstance(user, dict) and user.get("tokenFile") == "FIFO":
-        os.mkfifo(tmp_path / "fifo")
-        user = {"tokenFile": str(tmp_path / "fifo")}
+    fifo = tmp_path / "fifo"  # a FIFO opened blocking waits for a writer for ever
+    os.mkfifo(fifo)
+    said = said.replace("@FIFO", str(fifo))
+    cluster = {k: str(fifo) if v == "FIFO" else v for k, v in cluster.items()}
+    if isinstance(user, dict):
+        user = {k: str(fifo) if v == "FIFO" else v for k, v in user.items()}
     if isinstance(user, dict) and user.get("client-key") == "ENCRYPTED":  # OpenSSL would prompt
         key, cert = tmp_path / "c.key", tmp_path / "c.crt"
         subprocess.run(
@@ -710,6 +723,19 @@ async def test_a_claim_of_another_shape_is_that_claims_error(
     assert error.startswith("claim default/c: ")
     assert "the API server's answer is not a ResourceClaim" in error
     assert "Traceback" not in driver.log.read_text()
+
+
+async def test_an_answer_for_another_claim_of_the_same_uid_is_not_used(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
+    api = OddApi(short_tmp, 200, _claim(result, name="someone-elses"))
+    _, answer = await _prepared_against(api, short_tmp, tree)
+
+    assert answer.error == (
+        "the API server answered for claim default/c with 'default/someone-elses': not used"
+    )
+    assert not answer.devices
 
 
 @pytest.mark.parametrize(
