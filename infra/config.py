@@ -445,6 +445,14 @@ def _network(k: Keys) -> tuple[NetworkPlan | None, list[str]]:
             f"{_key('zoneIds')}: one zone per vSwitch CIDR ({len(k.vswitch_cidrs)} CIDRs, "
             f"{len(k.zone_ids)} zones) {_set_items('zoneIds')}"
         )
+    if _REGION.fullmatch(k.region):  # a zone ID is its region's and more: cn-wulanchabu-c
+        problems += [
+            f"{_key(f'zoneIds[{i}]')}: {zone} is not a zone of {_key('region')} {k.region}: "
+            f"name one of its zones (pulumi config set --path '{_key(f'zoneIds[{i}]')}' "
+            f"{k.region}-<zone>), or the region {zone} is in {_set('region', '<region>')}"
+            for i, zone in enumerate(k.zone_ids)
+            if _CLOUD_ID.fullmatch(zone) and not (zone.startswith(k.region) and zone != k.region)
+        ]
     vpc = nets["vpcCidr"]
     switches = [(key, n) for key, n in nets.items() if key.startswith("vswitchCidrs")]
     for key, net in switches:

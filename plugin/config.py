@@ -41,14 +41,15 @@ LinkLayer = Literal["Ethernet", "InfiniBand"]
 # part of at most 63 alphanumerics/-_. chars, not in the kubernetes.io domain.
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-# Domains (and their subdomains) a pool may not use: Kubernetes' own, and those whose resources
-# are the other devices of a GPU node. A device plugin registering a resource of theirs would
-# replace theirs at the kubelet (nvidia.com/gpu, aliyun.com/gpu-mem).
+# Domains (and their subdomains) a pool or a DRA driver may not use: Kubernetes' own, and those
+# of the other devices of a GPU node. A device plugin registering a resource of theirs would
+# replace theirs at the kubelet (nvidia.com/gpu, aliyun.com/gpu-mem), a DRA driver theirs
+# (gpu.nvidia.com).
 _TAKEN_DOMAINS = {
     "kubernetes.io": "reserved by Kubernetes",
     "k8s.io": "reserved by Kubernetes",
-    "nvidia.com": "NVIDIA's (its GPUs' device plugin)",
-    "amd.com": "AMD's (its GPUs' device plugin)",
+    "nvidia.com": "NVIDIA's (its GPUs' device plugin and DRA driver)",
+    "amd.com": "AMD's (its GPUs' device plugin and DRA driver)",
     "aliyun.com": "Alibaba Cloud's (ACK's GPU sharing)",
 }
 
@@ -96,6 +97,13 @@ def shared_device_id(pool_name: str, index: int) -> str:
     return f"{pool_name}-{index}"
 
 
+def taken_domain(name: str) -> str | None:
+    """Why a resource prefix or a DRA driver name may not be `name`: a domain taken (above)."""
+    domain = ".".join(name.split(".")[-2:])  # gpu.nvidia.com is nvidia.com's
+    taken = _TAKEN_DOMAINS.get(domain)
+    return None if taken is None else f"the {domain} domain is {taken}"
+
+
 def check_resource_name(resource_name: str) -> None:
     """Refuse a resource name the kubelet's Register would refuse (field `name`)."""
     prefix, sep, name = resource_name.partition("/")
@@ -105,12 +113,15 @@ def check_resource_name(resource_name: str) -> None:
         raise ConfigError(
             "its prefix is not a DNS subdomain", field="prefix", fix="e.g. rdma, as in rdma/hca"
         )
-    domain = ".".join(prefix.split(".")[-2:])  # gpu.nvidia.com is nvidia.com's
-    if (taken := _TAKEN_DOMAINS.get(domain)) is not None:
+    if (taken := taken_domain(prefix)) is not None:
         raise ConfigError(
-            f"the {domain} domain is {taken}",
+            taken, field="prefix", fix="a domain of your own, e.g. rdma, as in rdma/hca"
+        )
+    if prefix.startswith("requests."):  # the kubelet's IsExtendedResourceName refuses it
+        raise ConfigError(
+            "a prefix starting requests. is a quota's name, not a resource's",
             field="prefix",
-            fix="a domain of your own, e.g. rdma, as in rdma/hca",
+            fix="e.g. rdma, as in rdma/hca",
         )
     if len(name) > 63 or not _NAME_PART.fullmatch(name):
         raise ConfigError(

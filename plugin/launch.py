@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal, TypeVar, get_args
 
+from plugin.config import taken_domain
 from plugin.core.terminal import Parser
 from plugin.core.userfiles import decimal, described, file_kind
 
@@ -191,6 +192,8 @@ class DraLaunchSpec(CoreSpec):
         super().__post_init__()
         if not _DNS_SUBDOMAIN.fullmatch(self.driver_name) or "." not in self.driver_name:
             raise LaunchError("driver_name", "must be a DNS subdomain with a dot, e.g. rdma.x.io")
+        if (taken := taken_domain(self.driver_name)) is not None:
+            raise LaunchError("driver_name", f"{taken}: name one of your own, e.g. rdma.x.io")
         for path in (
             registration_socket(self.plugins_registry_dir, self.driver_name),
             dra_socket(self.plugins_dir, self.driver_name),

@@ -128,6 +128,7 @@ def test_list_key_that_is_not_json_is_refused() -> None:
         ("kubernetes.io/hca", "the kubernetes.io domain is reserved by Kubernetes"),
         ("sub.k8s.io/hca", "the k8s.io domain is reserved by Kubernetes"),
         ("nvidia.com/gpu", "the nvidia.com domain is NVIDIA's"),
+        ("requests.rdma/hca", "a prefix starting requests. is a quota's name"),
         ("rdma/-hca", "must be 1-63 letters"),
     ],
 )
@@ -402,3 +403,18 @@ def test_a_whole_number_is_written_in_the_digits_0_to_9_only(value: str) -> None
     assert _error(lingjunNodeCount=value).startswith(
         "lingjun-rdma:lingjunNodeCount: not a whole number: write it in the digits 0-9 only"
     )
+
+
+def test_a_zone_of_another_region_is_refused_and_one_of_its_own_is_not() -> None:
+    message = _error(region="cn-hangzhou", zoneIds='["cn-wulanchabu-c"]')
+
+    assert message == (
+        "lingjun-rdma:zoneIds[0]: cn-wulanchabu-c is not a zone of lingjun-rdma:region "
+        "cn-hangzhou: name one of its zones (pulumi config set --path "
+        "'lingjun-rdma:zoneIds[0]' cn-hangzhou-<zone>), or the region cn-wulanchabu-c is in "
+        "(pulumi config set lingjun-rdma:region <region>)"
+    )
+    assert isinstance(parse(_raw(region="cn-hangzhou", zoneIds='["cn-hangzhou-h"]')), StackConfig)
+    assert "is not a zone of" in _error(region="ap-southeast-1", zoneIds='["ap-southeast"]')
+    singapore = _raw(region="ap-southeast-1", zoneIds='["ap-southeast-1a"]')
+    assert isinstance(parse(singapore), StackConfig)  # no dash before the zone's letter there

@@ -198,8 +198,11 @@ async def test_a_stop_removes_both_sockets_and_exits_0(driver: Driver) -> None:
          "--node-name text of 12 characters: must be a node's name (a DNS subdomain)"),
         (("--node-name", "n1", "--plugins-dir", "/tmp/" + "d" * 120),
          "over the 105-byte unix limit"),
+        (("--node-name", "n1", "--driver-name", "gpu.nvidia.com"),
+         "--driver-name text of 14 characters: the nvidia.com domain is NVIDIA's"),
     ],
-    ids=["no-node", "no-kubeconfig", "bad-node-not-quoted", "socket-too-long"],
+    ids=["no-node", "no-kubeconfig", "bad-node-not-quoted", "socket-too-long",
+         "nvidias-driver-name"],
 )  # fmt: skip
 def test_what_the_driver_refuses_is_one_line(args: tuple[str, ...], said: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}

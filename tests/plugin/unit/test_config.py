@@ -60,8 +60,13 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
         ),
         (
             {"pools": [{"name": "gpu", "prefix": "nvidia.com"}]},
-            "pools[0].prefix: the nvidia.com domain is NVIDIA's (its GPUs' device plugin): a "
+            "pools[0].prefix: the nvidia.com domain is NVIDIA's (its GPUs' device plugin and DRA "
+            "driver): a "
             "domain of your own, e.g. rdma, as in rdma/hca",
+        ),
+        (
+            {"pools": [{"name": "hca", "prefix": "requests.rdma"}]},
+            "pools[0].prefix: a prefix starting requests. is a quota's name, not a resource's",
         ),
         (
             {"pools": [{"name": "gpu-mem", "prefix": "x.aliyun.com"}]},
