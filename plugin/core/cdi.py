@@ -8,11 +8,19 @@ import json
 import logging
 import re
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, cast
 
-from plugin.core.pool import Allocation
-from plugin.core.userfiles import UnreadableError, read_text, why_not_writable, write_atomically
+from plugin.core.gidchoice import COMPUTED
+from plugin.core.pool import CONTAINER_DEV, Allocation
+from plugin.core.userfiles import (
+    UnreadableError,
+    read_text,
+    shown,
+    why_not_writable,
+    write_atomically,
+)
+from plugin.launch import HCAS_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -67,21 +75,81 @@ def write_spec(cdi_dir: Path, file_name: str, content: Mapping[str, object]) -> 
         raise CdiError(f"--cdi-dir {cdi_dir}: cannot write {file_name} there: {why}") from None
 
 
+def dir_problem(cdi_dir: Path) -> str | None:
+    """Why no spec can be written in `cdi_dir`, made if missing (as the runtime's often is on a
+    new node): said at start, not at the first allocation that needs it."""
+    try:
+        cdi_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--cdi-dir {cdi_dir} cannot be made ({exc.strerror or exc})"
+    why = why_not_writable(cdi_dir)
+    return None if why is None else f"--cdi-dir {cdi_dir} {why}"
+
+
+# The character devices an allocation hands out (pool.allocation), by name.
+_CHARDEV = re.compile(r"rdma_cm|(uverbs|umad|issm)[0-9]{1,4}")
+# What a spec's env may set: the HCAs granted, NCCL's settings (DRA prepare), in visible ASCII.
+_ENV = re.compile(
+    "(" + "|".join(re.escape(k) for k in (HCAS_ENV, *COMPUTED)) + r")=[\x21-\x7e]{0,4096}"
+)
+
+
+def _is_device_node(node: Any, host_dir: Path) -> bool:
+    """A device node as `spec` writes it: an RDMA character device of `host_dir`, at its place
+    in the container, read-write (a disk there was not written by us)."""
+    if not isinstance(node, dict) or set(cast(dict[str, Any], node)) != {
+        "path", "hostPath", "permissions"
+    }:  # fmt: skip
+        return False
+    named = cast(dict[str, Any], node)
+    name = PurePosixPath(str(named["path"])).name
+    return (
+        _CHARDEV.fullmatch(name) is not None
+        and named["path"] == str(CONTAINER_DEV / name)
+        and named["hostPath"] == str(host_dir / name)
+        and named["permissions"] == "rw"
+    )
+
+
+def is_ours(device: Any, name: str, host_dir: Path) -> bool:
+    """Whether a spec's device is one `spec` writes for `name`: RDMA device nodes of `host_dir`
+    and our env, nothing else (a mount of the host, LD_PRELOAD: someone else wrote it)."""
+    if not isinstance(device, dict) or set(cast(dict[str, Any], device)) != {
+        "name", "containerEdits"
+    }:  # fmt: skip
+        return False
+    named = cast(dict[str, Any], device)
+    edits = named["containerEdits"]
+    if not isinstance(edits, dict) or set(cast(dict[str, Any], edits)) != {"deviceNodes", "env"}:
+        return False
+    nodes: Any = cast(dict[str, Any], edits)["deviceNodes"]
+    env: Any = cast(dict[str, Any], edits)["env"]
+    return (
+        named["name"] == name
+        and isinstance(nodes, list)
+        and all(_is_device_node(n, host_dir) for n in cast(list[Any], nodes))
+        and isinstance(env, list)
+        and all(isinstance(e, str) and _ENV.fullmatch(e) for e in cast(list[Any], env))
+    )
+
+
 class SpecFile:
     """One spec file whose devices are added as they are handed out and kept: a runtime
     resolves a CDI device again whenever it re-creates a container (a restart in the pod), so a
     name given out must resolve for as long as the file exists, across restarts of ours too
-    (the devices of the file found at start are kept). A file at its name that is not a spec
-    of ours is never overwritten: each allocation is refused, naming it, until it is moved."""
+    (the devices of the file found at start are kept, those `spec` writes only). A file at its
+    name that is not a spec of ours is never overwritten: each allocation is refused, naming
+    it, until it is moved."""
 
-    def __init__(self, cdi_dir: Path, file_name: str, kind: str) -> None:
+    def __init__(self, cdi_dir: Path, file_name: str, kind: str, dev_root: Path) -> None:
         self.cdi_dir = cdi_dir
         self.file_name = file_name
         self.kind = kind
+        self.host_dir = dev_root / "infiniband"
         self._devices: dict[str, object] = {}
         self.problem = self._load()
-        why = why_not_writable(cdi_dir) if cdi_dir.exists() else None
-        for problem in (self.problem, why and f"--cdi-dir {cdi_dir} {why}: CDI allocations fail"):
+        why = dir_problem(cdi_dir)
+        for problem in (self.problem, why and f"{why}: CDI allocations fail"):
             if problem:
                 logger.error("%s", problem)
 
@@ -96,7 +164,13 @@ class SpecFile:
             if not isinstance(found, dict) or cast(dict[str, Any], found).get("kind") != self.kind:
                 return f"{self.path}: not a CDI spec of {self.kind}: move it away"
             entries = cast(list[dict[str, object]], found["devices"])
-            self._devices = {cast(str, d["name"]): d for d in entries}
+            named = {d["name"]: d for d in entries if isinstance(d["name"], str)}
+            self._devices = {n: d for n, d in named.items() if is_ours(d, n, self.host_dir)}
+            if dropped := [shown(d["name"]) for d in entries if d not in self._devices.values()]:
+                logger.warning(  # the next allocation writes the file without them
+                    "%s: devices not as this plugin writes them, left out: %s",
+                    self.path, ", ".join(dropped[:10]) + (" ..." if len(dropped) > 10 else ""),
+                )  # fmt: skip
         except UnreadableError as exc:
             return None if exc.missing else f"{self.path}: {exc}: move it away"
         except (ValueError, KeyError, TypeError):

@@ -161,4 +161,5 @@ async def watch_config(
 def _cdi(spec: LaunchSpec, pool: Pool) -> SpecFile | None:
     if spec.cdi_dir is None:
         return None
-    return SpecFile(spec.cdi_dir, cdi_spec_name(pool.resource_name), cdi_kind(DRA_DRIVER))
+    kind = cdi_kind(DRA_DRIVER)
+    return SpecFile(spec.cdi_dir, cdi_spec_name(pool.resource_name), kind, spec.dev_root)

@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 
 from plugin.config import PluginConfig
+from plugin.core import cdi
 from plugin.core import pool as policy
 from plugin.core.discovery.model import Discovery
 from plugin.core.health import HealthWatcher
@@ -23,7 +24,6 @@ from plugin.core.problems import REGISTRATION, Problem
 from plugin.core.scrape import metrics_for
 from plugin.core.sockets import bind_problem, clear_stale_socket, grpc_target
 from plugin.core.terminal import one_line, say
-from plugin.core.userfiles import why_not_writable
 from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from plugin.dra.prepare import Preparer
 from plugin.dra.servicer import RegistrationServicer, add_dra_services
@@ -66,10 +66,8 @@ async def run(
         spec.dev_root,
     )
     publisher = SlicePublisher(api, driver, node)
-    if (why := why_not_writable(spec.cdi_dir) if spec.cdi_dir.exists() else None) is not None:
-        logger.error(
-            "--cdi-dir %s %s: no claim can be prepared until it is fixed", spec.cdi_dir, why
-        )
+    if (why := cdi.dir_problem(spec.cdi_dir)) is not None:
+        logger.error("%s: no claim can be prepared until it is fixed", why)
     registered = False
     events = NodeEvents(api, node, PROG)
     refused: list[Problem] = []  # the kubelet's refusal of the registration, while it stands

@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, cast
 
 from plugin.core import cdi
@@ -415,55 +415,6 @@ def _spec_there(path: Path) -> dict[str, Any] | None:
     return cast(dict[str, Any], found) if isinstance(found, dict) else {}
 
 
-# The character devices an allocation hands out (pool.allocation), by name.
-_CHARDEV = re.compile(r"rdma_cm|(uverbs|umad|issm)[0-9]{1,4}")
-
-
-def _is_device_node(node: Any, host_dir: Path) -> bool:
-    """A device node as cdi.spec writes it: an RDMA character device of `host_dir`, at its
-    place in the container, read-write; a checkpoint naming any other (a disk) was forged."""
-    if not isinstance(node, dict) or set(cast(dict[str, Any], node)) != {
-        "path", "hostPath", "permissions"
-    }:  # fmt: skip
-        return False
-    named = cast(dict[str, Any], node)
-    name = PurePosixPath(str(named["path"])).name
-    return (
-        _CHARDEV.fullmatch(name) is not None
-        and named["path"] == str(policy.CONTAINER_DEV / name)
-        and named["hostPath"] == str(host_dir / name)
-        and named["permissions"] == "rw"
-    )
-
-
-# What a spec's env may set: the HCAs granted, NCCL's settings (prepare), in visible ASCII.
-_ENV = re.compile(
-    "(" + "|".join(re.escape(k) for k in (HCAS_ENV, *COMPUTED)) + r")=[\x21-\x7e]{0,4096}"
-)
-
-
-def _is_cdi_device(device: Any, name: str, host_dir: Path) -> bool:
-    """A device as cdi.spec writes it for `name`: RDMA device nodes and our env, nothing else
-    (a checkpoint that says more, a mount of the host or LD_PRELOAD, was not written by us)."""
-    if not isinstance(device, dict) or set(cast(dict[str, Any], device)) != {
-        "name", "containerEdits"
-    }:  # fmt: skip
-        return False
-    named = cast(dict[str, Any], device)
-    edits = named["containerEdits"]
-    if not isinstance(edits, dict) or set(cast(dict[str, Any], edits)) != {"deviceNodes", "env"}:
-        return False
-    nodes: Any = cast(dict[str, Any], edits)["deviceNodes"]
-    env: Any = cast(dict[str, Any], edits)["env"]
-    return (
-        named["name"] == name
-        and isinstance(nodes, list)
-        and all(_is_device_node(n, host_dir) for n in cast(list[Any], nodes))
-        and isinstance(env, list)
-        and all(isinstance(e, str) and _ENV.fullmatch(e) for e in cast(list[Any], env))
-    )
-
-
 def _texts(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in cast(list[Any], value)):
         raise ValueError("not a list of text")
@@ -518,8 +469,7 @@ def _prepared(uid: str, doc: Any, cdi_kind: str, dev_root: Path) -> Prepared:
         not isinstance(specs, list)
         or len(cast(list[Any], specs)) != len(names)
         or not all(
-            _is_cdi_device(d, n, host_dir)
-            for d, n in zip(cast(list[Any], specs), names, strict=True)
+            cdi.is_ours(d, n, host_dir) for d, n in zip(cast(list[Any], specs), names, strict=True)
         )
     ):
         raise ValueError("its CDI spec is not of its devices")

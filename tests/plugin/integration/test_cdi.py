@@ -140,3 +140,40 @@ async def test_a_cdi_dir_that_refuses_files_is_said_at_start(
 
     said = r"--cdi-dir /proc (refuses a new file \(.+\)|is not writable by this process): CDI"
     assert re.search(said + " allocations fail", plugin.output())
+
+
+async def test_a_cdi_dir_that_cannot_be_made_is_said_at_start(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    await plugin.start(plugin.write_config(EXCLUSIVE), cdi_dir=Path("/proc/no-cdi-here"))
+    await kubelet.wait_registrations(1)
+
+    assert re.search(
+        r"--cdi-dir /proc/no-cdi-here cannot be made \(.+\): CDI allocations fail", plugin.output()
+    )
+
+
+async def test_a_device_in_its_spec_file_that_it_never_writes_is_dropped_and_said(
+    kubelet: KubeletPeer, plugin: PluginProcess, tree: SysfsTree, short_tmp: Path
+) -> None:
+    cdi_dir = short_tmp / "cdi"
+    await plugin.start(plugin.write_config(EXCLUSIVE), cdi_dir=cdi_dir)
+    await _allocate(await kubelet.wait_registrations(1), "mlx5_0")
+    await plugin.terminate()
+    path = cdi_dir / SPEC
+    spec = json.loads(path.read_text())
+    (ours,) = spec["devices"]
+    forged = {"name": "hca_mlx5_9", "containerEdits": {
+        "deviceNodes": ours["containerEdits"]["deviceNodes"], "env": ["LD_PRELOAD=/x.so"],
+        "mounts": [{"hostPath": "/", "containerPath": "/host"}]}}  # fmt: skip
+    path.write_text(json.dumps({**spec, "devices": [ours, forged]}))
+
+    await plugin.start(plugin.write_config(EXCLUSIVE), cdi_dir=cdi_dir)
+    await _allocate(await kubelet.wait_registrations(2), "mlx5_1")
+
+    rewritten = json.loads(path.read_text())
+    assert [d["name"] for d in rewritten["devices"]] == ["hca_mlx5_0", "hca_mlx5_1"]
+    assert rewritten["devices"][0] == ours  # what it wrote itself stays: it may be in use
+    assert f"{path}: devices not as this plugin writes them, left out: 'hca_mlx5_9'" in (
+        plugin.output()
+    )
