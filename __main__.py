@@ -1,3 +1,3 @@
-from infra.program import main
+from infra.program import run
 
-main()
+run()

@@ -47,18 +47,15 @@ from pulumi.automation._minimum_version import (  # pyright: ignore[reportPrivat
 )
 from pulumi.automation.errors import create_command_error
 
+from infra.config import parse
 from infra.interrupt import children, deferred, descendants
 from infra.keys import PROJECT, PROJECT_DIR, StackConfigError
-from infra.program import main as program_main
+from infra.program import run as program
 from infra.stackfiles import StackFileError, stack_config, stack_name
 from plugin.core.terminal import STOPS, Parser, one_line, say
 from plugin.core.userfiles import described
 
 ACTIONS = ("preview", "up", "refresh", "destroy")
-
-
-def _program() -> None:
-    program_main()
 
 
 def open_stack(
@@ -72,7 +69,7 @@ def open_stack(
     return auto.create_or_select_stack(
         stack_name=stack,
         project_name=PROJECT,
-        program=_program,
+        program=program,
         # work_dir holds Pulumi.yaml: the workspace reads it (and stacks/) as the CLI would
         opts=auto.LocalWorkspaceOptions(
             work_dir=str(work_dir),
@@ -381,8 +378,9 @@ def check_project(project_dir: Path, stack: str) -> None:
         raise DeployError(
             f"--project-dir {project_dir}: no Pulumi.yaml there: name this project's checkout"
         )
-    try:
-        stack_config(stack, project_dir=project_dir)
+    try:  # as render refuses it: before the engine, whose program would end in a traceback
+        values, secret = stack_config(stack, project_dir=project_dir)
+        parse(values, frozenset(secret))
     except (StackFileError, StackConfigError) as exc:
         raise DeployError(str(exc)) from None
 

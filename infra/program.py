@@ -1,4 +1,5 @@
-"""main(): wire the components together from the stack config and export the outputs."""
+"""main(): wire the components together from the stack config and export the outputs; run():
+main() under the engine."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from infra.cluster import Cluster, ExistingCluster
 from infra.config import AckCluster, CreateCluster, StackConfig
 from infra.device_plugin import DevicePluginArgs, RdmaDevicePlugin
 from infra.jobs import SAMPLES, RdmaJob, RdmaJobArgs, resolve_host_network
+from infra.keys import StackConfigError
 from infra.monitoring import MonitoringArgs, RdmaMonitoring
 from infra.network import Network
 from plugin.dra.devices import device_class_name
@@ -113,3 +115,12 @@ def _device_class(cfg: StackConfig) -> str | None:
     if not isinstance(launch, DraLaunchSpec):
         return None
     return device_class_name(launch.driver_name, cfg.plugin.pools[0].mode)
+
+
+def run() -> None:
+    """main() under the engine (`pulumi up`, deploy): a config refused there (a secret only
+    the CLI decrypts is checked there) is its lines, as render says them, not a traceback."""
+    try:
+        main()
+    except StackConfigError as exc:
+        raise pulumi.RunError(str(exc)) from None
