@@ -186,6 +186,13 @@ def load() -> StackConfig:
     return parse(raw, secret)
 
 
+def parse_stack(values: Mapping[str, str], secret: Set[str]) -> StackConfig:
+    """parse() of a stack's config as infra/stackfiles.py reads it (keys with their namespace),
+    each key as load() reads it from the engine."""
+    raw = {k: v for k in sorted(KNOWN_KEYS) if (v := values.get(_key(k))) is not None and v != ""}
+    return parse(raw, {k for k in CREDENTIAL_KEYS if _key(k) in secret})
+
+
 def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig:
     """Validate raw strings (as Pulumi stores them) into the model, or raise with every fix.
 

@@ -47,11 +47,11 @@ from pulumi.automation._minimum_version import (  # pyright: ignore[reportPrivat
 )
 from pulumi.automation.errors import create_command_error
 
-from infra.config import parse
+from infra.config import parse_stack
 from infra.interrupt import children, deferred, descendants
 from infra.keys import PROJECT, PROJECT_DIR, StackConfigError
 from infra.program import run as program
-from infra.stackfiles import StackFileError, stack_config, stack_name
+from infra.stackfiles import StackFileError, find_stack_file, stack_config, stack_name
 from plugin.core.terminal import STOPS, Parser, one_line, say
 from plugin.core.userfiles import described
 
@@ -380,9 +380,16 @@ def check_project(project_dir: Path, stack: str) -> None:
         )
     try:  # as render refuses it: before the engine, whose program would end in a traceback
         values, secret = stack_config(stack, project_dir=project_dir)
-        parse(values, frozenset(secret))
+        parse_stack(values, set(secret))
     except (StackFileError, StackConfigError) as exc:
         raise DeployError(str(exc)) from None
+
+
+def _bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -409,7 +416,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{pulumi.version}; the engine's output follows"
         )
         _say_when_silent()
+        stack_file = find_stack_file(args.stack, args.project_dir)
+        before = _bytes(stack_file)
         stack = open_stack(args.stack, args.project_dir, pulumi=pulumi)
+        if _bytes(stack_file) != before:  # `pulumi stack init` writes its salt into the file
+            _out(
+                f"deploy: the Pulumi CLI rewrote {stack_file} as it created the stack (its "
+                "encryptionsalt added, values written as text): commit it, or git checkout it "
+                "if this stack is a throwaway"
+            )
         run(args.action, stack, diff=args.diff)
     except DeployError as exc:
         say(f"deploy: {exc}")

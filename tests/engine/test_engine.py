@@ -99,19 +99,45 @@ def test_the_cli_accepts_every_cloud_stack_as_committed(
     assert "validating stack config" not in output
     assert "StackConfigError" not in output
     assert "no resource plugin 'pulumi-resource-alicloud' found" in output, output[-3000:]
+    # a new stack: `pulumi stack init` wrote its salt into the user's file, which is said
+    assert f"deploy: the Pulumi CLI rewrote {workspace}/stacks/Pulumi.{name}.yaml as it " in (
+        output
+    )
+    assert "encryptionsalt: " in (workspace / "stacks" / f"Pulumi.{name}.yaml").read_text()
 
 
-def test_a_plain_text_kubeconfig_with_a_token_is_refused_before_any_resource(
+def test_a_plain_text_kubeconfig_with_a_token_is_refused_before_the_engine_runs(
     open_engine_stack: OpenStack, workspace: Path, engine_env: dict[str, str], cluster: Cluster
 ) -> None:
     stacks = workspace / "stacks"
     (stacks / "Pulumi.local-plaintext.yaml").write_text((stacks / "Pulumi.local.yaml").read_text())
     set_config(open_engine_stack("local-plaintext"), "kubeconfig", cluster.kubeconfig.read_text())
 
-    output, _ = _failed("preview", "local-plaintext", workspace, engine_env)
+    done = _deploy("preview", "local-plaintext", workspace, engine_env)
 
-    assert "lingjun-rdma:kubeconfig: holds what may be a credential (users[0].user.token)" in output
-    assert "pulumi config set --secret lingjun-rdma:kubeconfig" in output
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stderr.startswith(
+        "deploy: lingjun-rdma:kubeconfig: holds what may be a credential (users[0].user.token)"
+    )
+    assert "pulumi config set --secret lingjun-rdma:kubeconfig" in done.stderr
+    assert not done.stdout  # read as render reads it: no engine ran
+    assert "Traceback" not in done.stderr
+
+
+def test_a_secret_the_program_refuses_under_the_engine_is_said_without_a_traceback(
+    open_engine_stack: OpenStack, workspace: Path, engine_env: dict[str, str]
+) -> None:
+    """Encrypted, only the CLI can read it: the program's refusal there is its line."""
+    stacks = workspace / "stacks"
+    (stacks / "Pulumi.local-badsecret.yaml").write_text((stacks / "Pulumi.local.yaml").read_text())
+    stack = open_engine_stack("local-badsecret")
+    set_config(stack, "kubeconfig", "not: [a, kubeconfig]", secret=True)
+
+    output, _ = _failed("preview", "local-badsecret", workspace, engine_env)
+
+    assert "lingjun-rdma:kubeconfig: " in output
+    assert "Traceback" not in output
+    assert "StackConfigError" not in output
     assert "kubernetes:core/v1:Namespace" not in output  # nothing planned
 
 

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -1352,3 +1353,26 @@ def test_a_key_under_a_misspelt_project_name_is_named_with_ours(tmp_path: Path) 
 @pytest.mark.parametrize(("text", "seconds"), [("1h30m", 5400), ("2h0m5s", 7205), ("90s", 90)])
 def test_a_duration_of_several_units_is_taken_as_go_writes_it(text: str, seconds: int) -> None:
     assert keys_seconds("jobAwaitTimeout", text, "30m") == (seconds, [])
+
+
+def test_deploy_refuses_a_stack_render_refuses_before_any_pulumi_runs(tmp_path: Path) -> None:
+    """It was left to the engine, whose program then ended in a traceback."""
+    project = tmp_path / "project"
+    (project / "stacks").mkdir(parents=True)
+    shutil.copy(PROJECT_DIR / "Pulumi.yaml", project)
+    local = (PROJECT_DIR / "stacks/Pulumi.local.yaml").read_text()
+    plain = local.replace("client-key: /etc/kubernetes/pki/admin.key", "token: S3cretToken")
+    assert plain != local
+    (project / "stacks/Pulumi.local.yaml").write_text(plain)
+    calls = tmp_path / "calls"
+    path = _fake_pulumi(tmp_path / "bin", f'#!/bin/sh\necho "$@" >> {calls}\necho v3.277.0\n')
+
+    done = _cli("infra.deploy", "preview", "--stack", "local", "--project-dir", str(project),
+                cwd=tmp_path, path=path)  # fmt: skip
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("deploy: lingjun-rdma:kubeconfig: ")
+    assert "set it as a secret" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "S3cretToken" not in done.stderr
+    assert not calls.exists()  # no pulumi ran
