@@ -14,6 +14,7 @@ if __name__ == "__main__":  # before the imports below, which are most of a shor
 
     exit_quietly("render")
 
+import argparse
 import contextlib
 import errno
 import hashlib
@@ -195,10 +196,21 @@ def _digest(path: Path) -> list[object] | None:
         return None
 
 
+def _out_dir(text: str) -> Path:
+    if not text:  # Path("") is the current directory: a variable that expanded to nothing
+        raise argparse.ArgumentTypeError("empty: name the directory to render into")
+    return Path(text)
+
+
 def render(stack: str, out: Path, overrides: list[str] | None = None) -> list[Path]:
     """Render the stack into `out` (replaced as a whole, only on success); returns the files."""
     try:
         if out.is_symlink() and not out.exists():  # resolving it would render somewhere else
+            try:
+                out.stat()
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise RuntimeError from None  # a loop: said below
             raise OutputError(
                 f"--out {out}: a symbolic link to nothing: name a directory, or make the one "
                 "it points to first"
@@ -339,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stack", required=True, type=stack_name, help="dev, staging, prod or local"
     )
-    parser.add_argument("--out", type=Path, required=True, help="directory to (re)write")
+    parser.add_argument("--out", type=_out_dir, required=True, help="directory to (re)write")
     parser.add_argument(
         "--set",
         action="append",

@@ -5,6 +5,7 @@ cannot take what is written (full, closed): the exit code still says what happen
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import errno
 import os
@@ -18,10 +19,12 @@ if TYPE_CHECKING:
 
 
 def say(line: str) -> None:
-    """One line on stderr, if stderr can take it."""
+    """One line on stderr (or one per problem), each bounded as a peer's text is: a 5000
+    character path quoted in it made a 5107 character line. If stderr can take it."""
+    bounded = "\n".join(one_line(part, SAID_MAX, keep_end=True) for part in line.split("\n"))
     if sys.stderr is not None:
         with contextlib.suppress(OSError):
-            print(line, file=sys.stderr, flush=True)
+            print(bounded, file=sys.stderr, flush=True)
 
 
 def write_stdout(text: str) -> None:
@@ -43,6 +46,8 @@ def write_stdout(text: str) -> None:
 # line, or forge one.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 PEER_TEXT_MAX = 300
+# A line this program says at most (a path the user gave is kept whole up to it).
+SAID_MAX = 2000
 
 
 def one_line(text: str, limit: int = PEER_TEXT_MAX, *, keep_end: bool = False) -> str:
@@ -75,6 +80,30 @@ def exit_on_signals(prog: str, before: str = "") -> None:
 
     for sig in STOPS:
         signal.signal(sig, stop)
+
+
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """Each stop signal sets `stop` on the running loop; one that comes after the loop has
+    ended is the program already stopping, ignored. (The loop's own signal handlers give the
+    signal back its default when the loop closes: a second SIGTERM in the last milliseconds of
+    a clean stop killed the process, silently.)"""
+    loop = asyncio.get_running_loop()
+
+    def handler(signum: int, frame: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: stopping already
+            loop.call_soon_threadsafe(stop.set)
+
+    for sig in STOPS:
+        signal.signal(sig, handler)
+
+
+def ignore_stops() -> None:
+    """Stop signals from now on are ignored: the program is ending on its own already. Python's
+    finalization gives a signal with a handler its default back (a silent death, exit -15, for
+    a second SIGTERM in a clean stop's last milliseconds); an ignored one stays ignored. (Not
+    blocked: a mask is per thread, and grpc's threads would still take it.)"""
+    for sig in STOPS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 class Parser(argparse.ArgumentParser):

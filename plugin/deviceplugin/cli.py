@@ -15,7 +15,7 @@ from plugin.core import instance
 from plugin.core.discovery.choose import choose_discovery
 from plugin.core.discovery.model import DiscoveryError
 from plugin.core.kubeapi import CredentialsError, KubeApi
-from plugin.core.terminal import exit_on_signals, say
+from plugin.core.terminal import exit_on_signals, ignore_stops, say
 from plugin.deviceplugin import supervisor
 from plugin.launch import MAX_UNIX_PATH, socket_name
 
@@ -79,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_signals("rdma-device-plugin", "before serving")
     try:
         with instance.held(spec.device_plugin_dir):
-            return asyncio.run(supervisor.run(spec, config, discovery, api))
+            code = asyncio.run(supervisor.run(spec, config, discovery, api))
+            ignore_stops()
+            return code
     except instance.LockError as exc:
         say(f"rdma-device-plugin: --device-plugin-dir {exc}")
         return 2

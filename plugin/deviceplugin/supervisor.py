@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from plugin.core.metrics import listen_problem, serve_http
 from plugin.core.node_events import NodeEvents
 from plugin.core.problems import REGISTRATION, Problem
 from plugin.core.scrape import metrics_for
-from plugin.core.terminal import say
+from plugin.core.terminal import say, stop_on_signals
 from plugin.deviceplugin.endpoint import Endpoint
 from plugin.launch import DRA_DRIVER, LaunchSpec, cdi_kind, cdi_spec_name
 
@@ -91,11 +90,9 @@ async def run(
             return 2
 
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     # SIGHUP stops like SIGTERM (socket removed, exit 0): a config change takes a restart, which
     # the DaemonSet's config-hash annotation rolls; a hangup never kills the plugin outright.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(stop)
     code = 0
     try:
         async with asyncio.TaskGroup() as tasks:

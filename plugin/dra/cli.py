@@ -14,7 +14,7 @@ from plugin.core import instance
 from plugin.core.discovery.choose import choose_discovery
 from plugin.core.discovery.model import DiscoveryError
 from plugin.core.kubeapi import CredentialsError, KubeApi
-from plugin.core.terminal import exit_on_signals, say
+from plugin.core.terminal import exit_on_signals, ignore_stops, say
 from plugin.dra import driver
 from plugin.launch import NODE_NAME_ENV, DraLaunchSpec
 
@@ -67,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_signals(driver.PROG, "before serving")
     try:
         with instance.held(own):
-            return asyncio.run(driver.run(spec, node, config, discovery, api))
+            code = asyncio.run(driver.run(spec, node, config, discovery, api))
+            ignore_stops()
+            return code
     except instance.LockError as exc:
         say(f"{driver.PROG}: --plugins-dir {exc}")
         return 2

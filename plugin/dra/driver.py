@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from plugin.core.node_events import NodeEvents
 from plugin.core.problems import REGISTRATION, Problem
 from plugin.core.scrape import metrics_for
 from plugin.core.sockets import bind_problem, clear_stale_socket, grpc_target
-from plugin.core.terminal import one_line, say
+from plugin.core.terminal import one_line, say, stop_on_signals
 from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from plugin.dra.prepare import Preparer
 from plugin.dra.servicer import RegistrationServicer, add_dra_services
@@ -101,9 +100,7 @@ async def run(
     reg_path = registration_socket(spec.plugins_registry_dir, driver)
     stop = asyncio.Event()
     # from before the first socket: a stop the moment one exists is a clean one (exit 0)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(stop)
     dra_server = grpc.aio.server()
     add_dra_services(dra_server, preparer, stop)
     if (why := _bind(dra_path, dra_server)) is not None:

@@ -1249,14 +1249,24 @@ def test_an_out_with_a_line_break_is_said_on_one_line(tmp_path: Path) -> None:
     assert (tmp_path / "x\nINJECTED").is_dir()
 
 
-def test_an_out_under_a_symlink_loop_is_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("out", ["loop/out", "loop"])
+def test_an_out_under_or_at_a_symlink_loop_is_one_line(tmp_path: Path, out: str) -> None:
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
 
-    done = _cli("infra.render", "--stack", "dev", "--out", "loop/out", cwd=tmp_path)
+    done = _cli("infra.render", "--stack", "dev", "--out", out, cwd=tmp_path)
 
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    assert "a symbolic link on its path leads back to itself" in done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.endswith("a symbolic link on its path leads back to itself: fix the link")
+
+
+def test_an_empty_out_is_refused_not_taken_as_the_current_directory(tmp_path: Path) -> None:
+    done = _cli("infra.render", "--stack", "dev", "--out", "", cwd=tmp_path)
+
+    assert done.returncode == 2, done.stderr
+    assert "argument --out: empty: name the directory to render into" in done.stderr
+    assert not list(tmp_path.iterdir())
 
 
 def test_an_existing_empty_out_keeps_its_owner_group_and_mode(tmp_path: Path) -> None:

@@ -251,6 +251,18 @@ async def test_a_config_path_the_kernel_refuses_is_one_line(plugin: PluginProces
     assert "cannot be read (File name too long)" in output
 
 
+async def test_a_very_long_path_is_cut_in_the_middle_of_its_line(plugin: PluginProcess) -> None:
+    config = Path("/nonexistent") / ("c" * 5000)
+
+    output = await _refused(plugin, config)
+
+    (line,) = output.splitlines()
+    assert len(line) < 2100
+    assert line.startswith("rdma-device-plugin: --config /nonexistent/ccc")
+    assert "… (5" in line  # how long it was
+    assert line.endswith("cannot be read (File name too long): point it at the plugin's YAML file")
+
+
 def test_a_bad_flag_with_stderr_full_still_exits_2(plugin: PluginProcess) -> None:
     with open("/dev/full", "w") as full:
         done = subprocess.run(

@@ -223,6 +223,26 @@ async def test_sighup_and_sigint_stop_it_like_sigterm(
     assert not (plugin_dir / SOCKET).exists()
 
 
+async def test_a_burst_of_stop_signals_is_one_clean_stop(
+    kubelet: KubeletPeer, plugin: PluginProcess, plugin_dir: Path
+) -> None:
+    """A second SIGTERM in a clean stop's last milliseconds killed it (-15) once Python's
+    finalization had given the signal its default back."""
+    codes = []
+    for registered in range(1, 6):
+        await plugin.start()
+        await kubelet.wait_registrations(registered)
+        assert plugin.proc is not None
+        plugin.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.01)
+        plugin.proc.send_signal(signal.SIGTERM)
+        plugin.proc.send_signal(signal.SIGINT)
+        codes.append(await plugin.wait())
+
+    assert codes == [0] * 5
+    assert not (plugin_dir / SOCKET).exists()
+
+
 async def test_serves_healthz_and_metrics(kubelet: KubeletPeer, plugin: PluginProcess) -> None:
     await plugin.start()
     await kubelet.wait_registrations(1)
