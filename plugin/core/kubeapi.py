@@ -336,8 +336,10 @@ class KubeApi:
         except (ValueError, AttributeError, RecursionError):
             said = text
         said = said or response.reason  # a redirect, a bare 5xx: its status line says
-        if self.token:  # a proxy may echo the Authorization header: never logged
-            said = said.replace(self.token, "<token>")
+        if self.token:  # a proxy may echo the Authorization header: never logged, in any case
+            encoded = base64.b64encode(self.token.encode()).decode()  # or as base64
+            forms = "|".join(re.escape(t) for t in (self.token, encoded))
+            said = re.sub(forms, "<token>", said, flags=re.IGNORECASE)
         return KubeApiError(f"{method} {path}: {response.status} {one_line(said)}", response.status)
 
 

@@ -414,6 +414,10 @@ class OddApi:
         (500, json.dumps({"message": "m" * 200_000}).encode(), "… (200000 characters)"),
         (403, json.dumps({"message": f"token Bearer {TOKEN} may not"}).encode(),
          "403 token Bearer <token> may not"),
+        (403, json.dumps({"message": f"Bearer {base64.b64encode(TOKEN.encode()).decode()}"})
+         .encode(), "403 Bearer <token>"),
+        (401, json.dumps({"message": f"bad token {TOKEN.lower()}"}).encode(),
+         "401 bad token <token>"),
         (200, b"[]", "the answer is not a list of ResourceSlices"),
         (200, b"[" * 100_000 + b"]" * 100_000, "the answer is not JSON"),
         (302, b"", "302 Found"),
@@ -421,8 +425,9 @@ class OddApi:
         (200, b'{"items": "x"}', "the answer is not a list of ResourceSlices"),
         (200, b'{"items": [{"spec": {}}]}', "the answer is not a list of ResourceSlices"),
     ],
-    ids=["not-json", "huge-error", "echoes-the-token", "a-list", "nested-deep", "a-redirect",
-         "line-break", "items-not-a-list", "items-without-metadata"],
+    ids=["not-json", "huge-error", "echoes-the-token", "echoes-it-base64", "echoes-it-lower-case",
+         "a-list", "nested-deep", "a-redirect", "line-break", "items-not-a-list",
+         "items-without-metadata"],
 )  # fmt: skip
 async def test_an_odd_api_answer_is_one_bounded_line_and_the_driver_serves_on(
     short_tmp: Path, tree: SysfsTree, status: int, body: bytes, said: str
