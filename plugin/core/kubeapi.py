@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import unquote, urlencode, urlsplit
 
 from plugin.core.terminal import one_line
 from plugin.core.userfiles import (
@@ -337,9 +337,10 @@ class KubeApi:
             said = text
         said = said or response.reason  # a redirect, a bare 5xx: its status line says
         if self.token:  # a proxy may echo the Authorization header: never logged, in any case
-            encoded = base64.b64encode(self.token.encode()).decode()  # or as base64
+            # or as base64; percent-encoded (a proxy echoing the request's URL) once decoded
+            encoded = base64.b64encode(self.token.encode()).decode()
             forms = "|".join(re.escape(t) for t in (self.token, encoded))
-            said = re.sub(forms, "<token>", said, flags=re.IGNORECASE)
+            said = re.sub(forms, "<token>", unquote(said), flags=re.IGNORECASE)
         return KubeApiError(f"{method} {path}: {response.status} {one_line(said)}", response.status)
 
 

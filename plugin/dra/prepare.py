@@ -133,9 +133,13 @@ class Preparer:
         reboot) gets the same answer, and its spec written again if it is gone. The checkpoint
         is written by `save`, once per request of the kubelet, before it is answered."""
         done = self.claims.get(claim.uid)
+        obj = None
         if done is not None and claim.uid in self._unchecked:
+            # read back: used once the API confirms it (else this claim's error, checked again
+            # at the kubelet's retry), never on its own say
+            obj = self._claim(claim)
             self._unchecked.discard(claim.uid)
-            if not self._as_written(claim, done):
+            if not self._as_written(claim, done, obj):
                 logger.warning(
                     "checkpoint %s: claim %s/%s (%s) is not what this driver writes for it on "
                     "this node now: prepared afresh", self.checkpoint, claim.namespace,
@@ -143,7 +147,7 @@ class Preparer:
                 )  # fmt: skip
                 done = None
         if done is None:
-            done = self._prepare(claim)
+            done = self._prepare(claim, obj or self._claim(claim))
             self.claims[claim.uid] = done
             self._unsaved = True
         name = spec_file(self.driver, claim.uid)
@@ -181,8 +185,8 @@ class Preparer:
             save_checkpoint(self.checkpoint, self.claims)
             self._unsaved = False
 
-    def _prepare(self, claim: ClaimRef) -> Prepared:
-        obj = self._claim(claim)
+    def _requests(self, claim: ClaimRef, obj: dict[str, Any]) -> dict[str, list[str]]:
+        """The claim's devices of this driver on this node, each with its requests."""
         requests: dict[str, list[str]] = {}
         try:  # what is read of the claim, read here: an answer of another shape is its error
             for result in self._allocated(claim, obj):
@@ -195,6 +199,10 @@ class Preparer:
                 f"claim {claim.namespace}/{claim.name}: the API server's answer is not a "
                 "ResourceClaim as resource.k8s.io/v1 has it"
             ) from None
+        return requests
+
+    def _prepare(self, claim: ClaimRef, obj: dict[str, Any]) -> Prepared:
+        requests = self._requests(claim, obj)
         usable: dict[str, tuple[str, ...]] = {}
         for name in requests:
             device = self._devices.get(name)
@@ -252,11 +260,16 @@ class Preparer:
         )
         return Prepared(claim.namespace, claim.name, devices, cdi.spec(self.cdi_kind, allocations))
 
-    def _as_written(self, claim: ClaimRef, done: Prepared) -> bool:
+    def _as_written(self, claim: ClaimRef, done: Prepared, obj: dict[str, Any]) -> bool:
         """Whether a claim read back from the checkpoint is exactly what prepare writes for it
-        on this node now: the claim the kubelet names, devices this node publishes, the device
-        nodes and env of the HCAs it names. A forged entry (another HCA's device node, one not
-        on the node, an env prepare never sets, another claim's) is not."""
+        on this node now: the claim the kubelet names, the devices and requests its allocation
+        in the API (`obj`) has, the device nodes and env of the HCAs it names. A forged entry
+        (another device of the node, another HCA's device node, an env prepare never sets,
+        another claim's) is not."""
+        if self._requests(claim, obj) != {
+            d.device_name: list(d.request_names) for d in done.devices
+        }:
+            return False
         try:
             edits = done.spec["devices"][0]["containerEdits"]
             env = dict(e.split("=", 1) for e in edits["env"])

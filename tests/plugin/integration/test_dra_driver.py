@@ -418,6 +418,9 @@ class OddApi:
          .encode(), "403 Bearer <token>"),
         (401, json.dumps({"message": f"bad token {TOKEN.lower()}"}).encode(),
          "401 bad token <token>"),
+        (500, json.dumps({"message": f"bad {TOKEN.replace('-', '%2D')} and "
+                                     f"{''.join(f'%{b:02x}' for b in TOKEN.encode())}"}).encode(),
+         "500 bad <token> and <token>"),
         (200, b"[]", "the answer is not a list of ResourceSlices"),
         (200, b"[" * 100_000 + b"]" * 100_000, "the answer is not JSON"),
         (302, b"", "302 Found"),
@@ -426,6 +429,7 @@ class OddApi:
         (200, b'{"items": [{"spec": {}}]}', "the answer is not a list of ResourceSlices"),
     ],
     ids=["not-json", "huge-error", "echoes-the-token", "echoes-it-base64", "echoes-it-lower-case",
+         "echoes-it-percent-encoded",
          "a-list", "nested-deep", "a-redirect", "line-break", "items-not-a-list",
          "items-without-metadata"],
 )  # fmt: skip
@@ -950,21 +954,30 @@ async def test_a_checkpoint_entry_not_as_the_driver_writes_it_is_left_out_the_re
 ) -> None:
     """Only what prepare writes is read back: a forged entry would reach the runtime (another
     vendor's devices, the host's /, a loader env) or fail the claim with a traceback."""
-    driver = Driver(short_tmp, tree)
+    api = _api_allocating(short_tmp)  # it has u-1 only
+    driver = Driver(short_tmp, tree, api.url)
     _checkpoint(driver, {"u-1": _good(driver), uid: entry})
     await driver.start()
     try:
         kept, left_out = await _prepare(driver, "u-1"), await _prepare(driver, "u-2")
     finally:
         assert await driver.stop() == 0
+        api.close()
 
     assert kept.error == ""
     assert [d.device_name for d in kept.devices] == ["hca-0"]
-    assert left_out.error.startswith("cannot read claim default/c: ")  # prepared afresh: no API
+    assert "has UID 'u-1', not u-2" in left_out.error  # prepared afresh: the API has no u-2
+    assert not left_out.devices
     assert not (driver.spec.cdi_dir / "rdma.lingjun-rdma.io-u-2.json").exists()
     log = driver.log.read_text()
     assert f"claim '{uid}' is not as this driver writes it: left out" in log
     assert "Traceback" not in log
+
+
+def _api_allocating(root: Path, device: str = "hca-0") -> OddApi:
+    """An API server that has claim default/c (u-1) allocated `device` of node-a."""
+    result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": device}]
+    return OddApi(root, 200, _claim(result))
 
 
 def _forged(driver: Driver, how: str) -> dict[str, Any]:
@@ -987,6 +1000,9 @@ def _forged(driver: Driver, how: str) -> dict[str, Any]:
         entry |= {"namespace": "kube-system", "name": "someone-else"}
     elif how == "another-nodes-pool":
         device["pool_name"] = "another-node"
+    elif how == "another-device-of-this-node":  # a real one, not the one the API allocated
+        device |= {"device_name": "hca-1", "cdi_device_ids": ["rdma.lingjun-rdma.io/hca=u-1-hca-1"]}
+        entry["spec"]["devices"][0]["name"] = "u-1-hca-1"
     elif how == "a-device-not-on-the-node":
         device |= {
             "device_name": "hca-1000",
@@ -1000,15 +1016,42 @@ def _forged(driver: Driver, how: str) -> dict[str, Any]:
     "how",
     ["another-hcas-node", "a-node-not-on-the-node", "another-hca-named",
      "an-nccl-value-never-written", "another-claims-entry", "another-nodes-pool",
-     "a-device-not-on-the-node"],
+     "another-device-of-this-node", "a-device-not-on-the-node"],
 )  # fmt: skip
 async def test_a_checkpoint_entry_of_our_shape_but_not_what_we_would_write_is_prepared_afresh(
     short_tmp: Path, tree: SysfsTree, how: str
 ) -> None:
-    """Shaped as prepare writes it, but not what prepare writes for this claim on this node:
-    nothing of it reaches the runtime, the claim is prepared afresh (here without an API)."""
-    driver = Driver(short_tmp, tree)
+    """Shaped as prepare writes it, but not what prepare writes for this claim on this node
+    (the API allocated it hca-0): nothing of it reaches the runtime, the claim is prepared
+    afresh from the API."""
+    api = _api_allocating(short_tmp)
+    driver = Driver(short_tmp, tree, api.url)
     _checkpoint(driver, {"u-1": _forged(driver, how)})
+    await driver.start()
+    try:
+        answer = await _prepare(driver, "u-1")
+    finally:
+        assert await driver.stop() == 0
+        api.close()
+
+    assert answer.error == ""
+    assert [d.device_name for d in answer.devices] == ["hca-0"]
+    spec = json.loads((driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")).read_text())
+    (device,) = spec["devices"]
+    assert device["name"] == "u-1-hca-0"
+    assert device["containerEdits"]["env"] == ["LINGJUN_RDMA_HCAS=mlx5_0,mlx5_1"]  # afresh
+    log = driver.log.read_text()
+    assert "claim default/c (u-1) is not what this driver writes for it on this node now: " in log
+    assert "Traceback" not in log
+
+
+async def test_a_checkpoint_entry_is_not_handed_out_until_the_api_confirms_it(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    """Read back, an entry is used once the claim's allocation in the API says the same; with
+    the API away it is that claim's error (the kubelet retries), never the entry's own say."""
+    driver = Driver(short_tmp, tree)  # no API server
+    _checkpoint(driver, {"u-1": _good(driver)})
     await driver.start()
     try:
         answer = await _prepare(driver, "u-1")
@@ -1018,9 +1061,6 @@ async def test_a_checkpoint_entry_of_our_shape_but_not_what_we_would_write_is_pr
     assert answer.error.startswith("cannot read claim default/c: ")
     assert not answer.devices
     assert not (driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")).exists()
-    log = driver.log.read_text()
-    assert "claim default/c (u-1) is not what this driver writes for it on this node now: " in log
-    assert "Traceback" not in log
 
 
 async def test_a_checkpoint_of_version_true_is_not_version_1(
@@ -1043,7 +1083,8 @@ async def test_a_checkpoint_of_version_true_is_not_version_1(
 async def test_what_is_not_our_spec_where_a_claims_spec_goes_is_that_claims_error(
     short_tmp: Path, tree: SysfsTree, there: str, said: str
 ) -> None:
-    driver = Driver(short_tmp, tree)
+    api = _api_allocating(short_tmp)
+    driver = Driver(short_tmp, tree, api.url)
     _checkpoint(driver, {"u-1": _good(driver)})
     path = driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")
     path.parent.mkdir(parents=True)
@@ -1064,6 +1105,7 @@ async def test_what_is_not_our_spec_where_a_claims_spec_goes_is_that_claims_erro
             )
     finally:
         assert await driver.stop() == 0
+        api.close()
 
     assert said in answer.error
     assert not answer.devices
@@ -1072,7 +1114,8 @@ async def test_what_is_not_our_spec_where_a_claims_spec_goes_is_that_claims_erro
 
 
 async def test_a_stale_spec_of_ours_is_written_again(short_tmp: Path, tree: SysfsTree) -> None:
-    driver = Driver(short_tmp, tree)
+    api = _api_allocating(short_tmp)
+    driver = Driver(short_tmp, tree, api.url)
     _checkpoint(driver, {"u-1": _good(driver)})
     path = driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")
     path.parent.mkdir(parents=True)
@@ -1082,6 +1125,7 @@ async def test_a_stale_spec_of_ours_is_written_again(short_tmp: Path, tree: Sysf
         answer = await _prepare(driver, "u-1")
     finally:
         assert await driver.stop() == 0
+        api.close()
 
     assert answer.error == ""
     assert json.loads(path.read_text()) == _good(driver)["spec"]
@@ -1158,7 +1202,8 @@ async def test_the_claims_of_one_request_are_checkpointed_and_answered_after_a_r
     short_tmp: Path, tree: SysfsTree
 ) -> None:
     """The checkpoint is written once per request (it was per claim: 2000 claims wrote it
-    2000 times, each larger), before the answer: a restarted driver answers from it."""
+    2000 times, each larger), before the answer: a restarted driver answers from it, once the
+    API confirms each entry (none is prepared again)."""
     result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
     claims = {f"u-{i}": f"c{i}" for i in range(1, 4)}
     path = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/"
@@ -1170,10 +1215,11 @@ async def test_the_claims_of_one_request_are_checkpointed_and_answered_after_a_r
     )
     try:
         first = await _one_run(driver, request)
+        again = await _one_run(driver, request)
     finally:
         api.close()
-    again = await _one_run(driver, request)  # no API server now: the checkpoint alone
 
+    assert driver.log.read_text().count("prepared claim ") == 3  # the first run's only
     checkpoint = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
     assert sorted(json.loads(checkpoint.read_text())["claims"]) == sorted(claims)
     for answer in (first, again):
