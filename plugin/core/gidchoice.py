@@ -144,7 +144,13 @@ def _no_gid(
         if h.name in without
         for p in h.ports
     )
-    return (
-        f"no RoCE v2 GID for an {family} address of this network namespace on {names} "
-        f"(RoCE v2 GIDs: {gids or 'none'}); this namespace's addresses: {shown}: {FIX}"
+    unread = "; ".join(  # the GID entries discovery could not read (sysfs._read_gids)
+        p for h in hcas if h.name in without for p in h.problems if "/gid" in p
     )
+    found = (
+        f"no RoCE v2 GID for an {family} address of this network namespace on {names} "
+        f"(RoCE v2 GIDs: {gids or 'none'}); this namespace's addresses: {shown}"
+    )
+    if unread:  # the one it needs may be there: that, not the pod's network, is the first fix
+        return f"{found}; not read there, which may hold it: {unread}"
+    return f"{found}: {FIX}"

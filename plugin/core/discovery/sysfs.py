@@ -216,18 +216,23 @@ class SysfsDiscovery:
 
 
 def _read_gids(port: Path, problems: list[str]) -> list[Gid]:
+    """The port's GIDs in use. An entry that cannot be read, or is not a GID, is left out and
+    named in `problems`: it may be the one a pod needs (podenv says so, not only "none")."""
     gids: list[Gid] = []
     for index in _numbered(port / "gids", problems):
-        text = read(port / "gids" / index)
-        if text is None:
-            continue
         try:
+            text = read_text(port / "gids" / index, _ATTRIBUTE_BYTES).strip()
             addr = ipaddress.IPv6Address(text)
-        except ValueError:
+        except (UnreadableError, ValueError) as exc:
+            why = exc if isinstance(exc, UnreadableError) else "not a GID"
+            problems.append(f"{port / 'gids' / index}: cannot be read ({why}): left out")
             continue
         if addr == _ZERO_GID:  # an empty slot: skip before reading its (unreadable) attributes
             continue
         gid_type = read(port / "gid_attrs" / "types" / index)
+        if gid_type is None:
+            problems.append(f"{port / 'gid_attrs' / 'types' / index}: cannot be read: left out")
+            continue
         if gid_type not in ("IB/RoCE v1", "RoCE v2"):
             continue
         kind: GidType = "RoCE v2" if gid_type == "RoCE v2" else "IB/RoCE v1"

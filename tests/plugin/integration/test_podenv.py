@@ -342,3 +342,29 @@ def test_a_stdout_that_cannot_take_it_is_one_line(
 
     assert done.returncode == 2
     assert done.stderr.splitlines() == [f"lingjun-rdma podenv: stdout: {said}"]
+
+
+@pytest.mark.parametrize("fault", ["fifo", "not-a-gid", "type-unreadable"])
+def test_a_gid_entry_that_cannot_be_read_is_named_not_a_network_fix(
+    tree: SysfsTree, pod_netns: str, fault: str
+) -> None:
+    """Pod A's RoCE v2 GID is at index 5: when that entry cannot be read, the fix is there, not
+    in the pod's network mode (the message said only that)."""
+    _address(pod_netns, f"{POD_A}/64")
+    port = tree.port_dir("mlx5_0")
+    broken = port / ("gid_attrs/types/5" if fault == "type-unreadable" else "gids/5")
+    broken = broken.resolve()
+    broken.unlink()
+    if fault == "not-a-gid":
+        broken.write_text("junk\n")
+    else:
+        os.mkfifo(broken)
+
+    done = podenv(pod_netns, "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0")
+
+    assert done.returncode == 1
+    assert "no RoCE v2 GID for an ipv6 address of this network namespace on mlx5_0" in done.stderr
+    assert f"not read there, which may hold it: {port}/" in done.stderr
+    entry = "gid_attrs/types/5: cannot be read" if fault == "type-unreadable" else "gids/5"
+    assert entry in done.stderr
+    assert "nonHostNetwork: true with computeNetworkIpv6" not in done.stderr
