@@ -591,6 +591,13 @@ def _built_image(k: Keys) -> tuple[BuiltImage | None, list[str]]:
             f"{_key('acrInstanceId')}: not an ACR Enterprise "
             f"Edition instance ID {_set('acrInstanceId', 'cri-<id>')}"
         )
+    user = k.registry_username
+    if user is not None and not re.fullmatch(r"[\x21-\x39\x3b-\x7e]{1,256}", user):
+        problems.append(  # `user:password` is what a login sends: a ':' in the user breaks it
+            f"{_key('registryUsername')}: {described(user)}: a registry user name is 1-256 "
+            "visible ASCII characters without ':' "
+            f"{_set('registryUsername', '<user>')}"
+        )
     login = None
     if k.registry_username is not None and k.registry_password is not None:
         login = RegistryLogin(k.registry_username, k.registry_password)

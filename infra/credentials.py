@@ -137,7 +137,8 @@ def _url_may_hold_credential(url: object) -> bool:
         parts = urlsplit(url) if isinstance(url, str) else None
     except ValueError:
         return True
-    return parts is None or "@" in parts.netloc or bool(parts.query or parts.fragment)
+    # `user:pass@host` without a scheme parses as a scheme and a path: any '@' is a login
+    return parts is None or "@" in str(url) or bool(parts.query or parts.fragment)
 
 
 def _only_certificates(data: object) -> bool:

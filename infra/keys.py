@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr
 from pydantic.alias_generators import to_camel
 
 from infra.jobs import SAMPLES
-from plugin.core.userfiles import described, unknown_key
+from plugin.core.userfiles import MAX_DIGITS, described, unknown_key
 
 PROJECT = "lingjun-rdma"
 PROJECT_DIR = Path(__file__).resolve().parent.parent  # Pulumi.yaml, stacks/
@@ -60,6 +60,8 @@ def _digits(value: object) -> object:
     digits = value.removeprefix("-") if isinstance(value, str) else "0"  # -1: out of range
     if not (digits.isascii() and digits.isdigit()):
         raise ValueError("not a whole number: write it in the digits 0-9 only")
+    if len(digits) > MAX_DIGITS:  # 000…01 is 1 to int(), but no one writes a number so
+        raise ValueError(f"a number of {len(digits)} digits: at most {MAX_DIGITS}")
     return value
 
 

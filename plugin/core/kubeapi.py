@@ -127,6 +127,7 @@ class KubeApi:
     port: int
     context: ssl.SSLContext
     token: str | None = None
+    prefix: str = ""  # the server URL's path
 
     @staticmethod
     def from_kubeconfig(path: Path) -> KubeApi:
@@ -241,12 +242,18 @@ class KubeApi:
             raise CredentialsError(
                 f"{where}: server {described(server)} is not https://HOST[:PORT]: fix it"
             )
+        if url.query or url.fragment:  # dropped, the calls would go elsewhere than it says
+            raise CredentialsError(
+                f"{where}: server has a query or a fragment (?…, #…), which this client does not "
+                "send: remove it (a token goes in the user's token field)"
+            )
         if url.username is not None or url.password is not None:  # dropped, the calls anonymous
             raise CredentialsError(
                 f"{where}: server has a login (USER:PASSWORD@) in it, which an API server does "
                 "not take: remove it, log in with a token or a client certificate"
             )
-        return KubeApi(host, port, tls, bearer)
+        # a path (a proxy's, e.g. Rancher's /k8s/clusters/c-1) prefixes every call, as client-go
+        return KubeApi(host, port, tls, bearer, url.path.rstrip("/"))
 
     def call(
         self,
@@ -324,7 +331,7 @@ class KubeApi:
             headers["Authorization"] = f"Bearer {self.token}"
         if data is not None:
             headers["Content-Type"] = content_type
-        target = path + ("?" + urlencode(query) if query else "")
+        target = self.prefix + path + ("?" + urlencode(query) if query else "")
         conn.request(method, target, body=data, headers=headers)
         return conn.getresponse()
 

@@ -418,3 +418,25 @@ def test_a_zone_of_another_region_is_refused_and_one_of_its_own_is_not() -> None
     assert "is not a zone of" in _error(region="ap-southeast-1", zoneIds='["ap-southeast"]')
     singapore = _raw(region="ap-southeast-1", zoneIds='["ap-southeast-1a"]')
     assert isinstance(parse(singapore), StackConfig)  # no dash before the zone's letter there
+
+
+@pytest.mark.parametrize("user", ["a:b", "line\nbreak", "u" * 257, "名前"])
+def test_a_registry_user_a_login_cannot_carry_is_refused_unquoted(user: str) -> None:
+    secret = frozenset({"registryPassword"})
+    message = _error("prod", secret, registryUsername=user, registryPassword="pw")
+
+    assert "lingjun-rdma:registryUsername: " in message
+    assert "a registry user name is 1-256 visible ASCII characters without ':'" in message
+    if len(user) > 2:
+        assert user not in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [("pluginImage", "registry.example.com/x:标签", "lingjun-rdma:pluginImage: not an image"),
+     ("pluginImage", "r.example.com/x:\uff11\uff12", "lingjun-rdma:pluginImage: not an image"),
+     ("lingjunNodeCount", "0" * 5000 + "1", "a number of 5001 digits: at most 20")],
+    ids=["han-tag", "fullwidth-digits-tag", "zero-padded-count"],
+)  # fmt: skip
+def test_values_only_a_unicode_rule_would_take_are_refused(key: str, value: str, said: str) -> None:
+    assert said in _error("dev", **{key: value})

@@ -84,6 +84,10 @@ HIDDEN = {
     "password-in-server-url": KUBECONFIG_HEAD
     + f"clusters: [{{name: c, cluster: {{server: 'https://admin:{SENTINEL}@10.0.0.1:6443'}}}}]\n"
     + "users: [{name: u, user: {client-certificate: /pki/a.crt, client-key: /pki/a.key}}]\n",
+    # no scheme: urlsplit reads `admin` as the scheme and the rest as a path
+    "password-in-a-server-without-scheme": KUBECONFIG_HEAD
+    + f"clusters: [{{name: c, cluster: {{server: 'admin:{SENTINEL}@10.0.0.1:6443'}}}}]\n"
+    + "users: [{name: u, user: {client-certificate: /pki/a.crt, client-key: /pki/a.key}}]\n",
 }
 
 

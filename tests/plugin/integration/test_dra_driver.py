@@ -296,6 +296,8 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
          "client-certificate and client-key: the client key is encrypted: give its unencrypted"),
         ({"server": "https://u:S3cret@127.0.0.1:6443", "insecure-skip-tls-verify": True}, {},
          "server has a login (USER:PASSWORD@) in it, which an API server does not take"),
+        ({"server": "https://127.0.0.1:6443/?access_token=S3cret", "insecure-skip-tls-verify":
+          True}, {}, "server has a query or a fragment (?…, #…), which this client does not send"),
         ({"server": SERVER, "certificate-authority": "FIFO"}, {},
          "certificate-authority: @FIFO: a FIFO, not a regular file"),
         ({"server": SERVER, "insecure-skip-tls-verify": True},
@@ -309,7 +311,7 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
          "bad-ipv6", "cert-not-base64", "cert-file-missing", "token-fifo", "token-dev-zero",
          "token-missing", "exec", "auth-provider", "basic-auth", "proxy", "token-newline",
          "user-a-list", "no-server", "tls-skip-as-text", "token-a-list", "impersonation",
-         "key-encrypted", "server-login", "ca-fifo", "cert-fifo", "key-fifo"],
+         "key-encrypted", "server-login", "server-query", "ca-fifo", "cert-fifo", "key-fifo"],
 )  # fmt: skip
 def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
     tmp_path: Path, cluster: dict[str, object], user: object, said: str
@@ -480,6 +482,26 @@ async def test_an_answer_without_end_is_read_up_to_its_bound_and_the_driver_serv
     assert "the answer is over 16 MiB: not read further" in driver.log.read_text()
     (rss,) = (int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
     assert rss < 512 * 1024  # kB: the bound holds (unbounded, it grew by gigabytes)
+
+
+async def test_a_server_path_prefixes_every_call_as_client_go_does(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    """A proxy's cluster path (Rancher's /k8s/clusters/<id>) was dropped: calls went to /apis."""
+    api = OddApi(short_tmp, 200, b'{"items": [], "metadata": {"resourceVersion": "5"}}')
+    driver = Driver(short_tmp, tree, api.url + "/k8s/clusters/c-abc/")
+    await driver.start()
+    try:
+        for _ in range(100):
+            if api.asked:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        assert await driver.stop() == 0
+        api.close()
+
+    assert api.asked
+    assert all(p.startswith("/k8s/clusters/c-abc/apis/") for p in api.asked), api.asked
 
 
 async def test_an_answer_that_drips_is_said_while_it_is_read_and_then_used(
