@@ -41,6 +41,8 @@ LinkLayer = Literal["Ethernet", "InfiniBand"]
 # part of at most 63 alphanumerics/-_. chars, not in the kubernetes.io domain.
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+# A PCI vendor or device ID as sysfs writes it (0x15b3), with or without its 0x.
+_PCI_ID = re.compile(r"(0x)?[0-9a-fA-F]{4}")
 # Domains (and their subdomains) a pool or a DRA driver may not use: Kubernetes' own, and those
 # of the other devices of a GPU node. A device plugin registering a resource of theirs would
 # replace theirs at the kubelet (nvidia.com/gpu, aliyun.com/gpu-mem), a DRA driver theirs
@@ -268,6 +270,10 @@ def parse_pool(data: Mapping[str, object]) -> Pool:
     return pool
 
 
+# The config files whose default pool was said (the plugin rereads its file every 2 s).
+_SAID_DEFAULT: set[Path] = set()
+
+
 def load_config(path: Path, *, explicit: bool) -> PluginConfig:
     """Read the config file; an absent default path means defaults, an absent explicit one fails."""
     try:
@@ -292,7 +298,8 @@ def load_config(path: Path, *, explicit: bool) -> PluginConfig:
             fix="write at least `version: v1` for the defaults, or omit --config",
         )
     config = parse_config(data, str(path))
-    if isinstance(data, dict) and "pools" not in data:  # `version: v1` alone: said, not silent
+    if isinstance(data, dict) and "pools" not in data and path not in _SAID_DEFAULT:
+        _SAID_DEFAULT.add(path)  # `version: v1` alone: said once, not at each reread (2 s)
         logger.info("%s lists no pools: serving the default pool %s", path, DEFAULT_RESOURCE_NAME)
     return config
 
@@ -406,6 +413,10 @@ class _Reader:
         kwargs = {k: self._strs(v, (*loc, _camel(k))) for k, v in read.items()}
         for i, layer in enumerate(kwargs.get("link_layers") or ()):
             self._choice(layer, (*loc, "linkLayers", i), get_args(LinkLayer))
+        for key, kind, example in (("vendors", "vendor", "15b3"), ("device_ids", "device", "1017")):
+            for i, pci_id in enumerate(kwargs.get(key) or ()):
+                if isinstance(pci_id, str) and not _PCI_ID.fullmatch(pci_id):  # matches nothing
+                    self._fail((*loc, _camel(key), i), f"not a PCI {kind} ID", f"e.g. {example}")
         if len(self.problems) > before:
             return None
         return Selector(**cast(dict[str, Any], kwargs))

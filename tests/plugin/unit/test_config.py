@@ -65,6 +65,14 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
             "domain of your own, e.g. rdma, as in rdma/hca",
         ),
         (
+            {"pools": [{"name": "a", "selector": {"vendors": ["15b3", "xyz"]}}]},
+            "pools[0].selector.vendors[1]: not a PCI vendor ID: e.g. 15b3",
+        ),
+        (
+            {"pools": [{"name": "a", "selector": {"deviceIds": ["0x1017", "10170"]}}]},
+            "pools[0].selector.deviceIds[1]: not a PCI device ID: e.g. 1017",
+        ),
+        (
             {"pools": [{"name": "hca", "prefix": "requests.rdma"}]},
             "pools[0].prefix: a prefix starting requests. is a quota's name, not a resource's",
         ),
@@ -183,6 +191,8 @@ def test_a_file_without_pools_gets_the_default_pool_and_says_so(
     assert [p.resource_name for p in config.pools] == ["rdma/hca"]
     assert f"{path} lists no pools: serving the default pool rdma/hca" in caplog.messages
     caplog.clear()
+    load_config(path, explicit=True)  # the plugin rereads it every 2 s: said once
+    assert caplog.messages == []
     path.write_text("version: v1\npools: [{name: a}]\n")
     load_config(path, explicit=True)
     assert caplog.messages == []
