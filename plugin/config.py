@@ -415,7 +415,7 @@ class _Reader:
             self._choice(layer, (*loc, "linkLayers", i), get_args(LinkLayer))
         for key, kind, example in (("vendors", "vendor", "15b3"), ("device_ids", "device", "1017")):
             for i, pci_id in enumerate(kwargs.get(key) or ()):
-                if isinstance(pci_id, str) and not _PCI_ID.fullmatch(pci_id):  # matches nothing
+                if not _PCI_ID.fullmatch(pci_id):  # it would match nothing
                     self._fail((*loc, _camel(key), i), f"not a PCI {kind} ID", f"e.g. {example}")
         if len(self.problems) > before:
             return None
