@@ -60,8 +60,8 @@ def _digits(value: object) -> object:
     digits = value.removeprefix("-") if isinstance(value, str) else "0"  # -1: out of range
     if not (digits.isascii() and digits.isdigit()):
         raise ValueError("not a whole number: write it in the digits 0-9 only")
-    if len(digits) > MAX_DIGITS:  # 000…01 is 1 to int(), but no one writes a number so
-        raise ValueError(f"a number of {len(digits)} digits: at most {MAX_DIGITS}")
+    if len(digits) > MAX_DIGITS >= len(digits.lstrip("0")):  # 000…01: 1 to int(), a slip here
+        raise ValueError(f"{len(digits)} digits, mostly leading zeros: write it without them")
     return value
 
 
