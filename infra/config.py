@@ -211,9 +211,14 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
         elif key in LIST_KEYS:
             try:
                 values[key] = json.loads(value)
-            except (json.JSONDecodeError, RecursionError):  # RecursionError: nested too deep
+            except json.JSONDecodeError:
                 problems.append(
                     f"{_key(key)}: not a JSON list (got {described(value)}) {_set_items(key)}"
+                )
+            except RecursionError:
+                problems.append(
+                    f"{_key(key)}: JSON nested too deep to read (a list of plain items is "
+                    f"expected) {_set_items(key)}"
                 )
         else:
             values[key] = value

@@ -20,10 +20,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar, cast
-from urllib.parse import unquote, urlencode, urlsplit
+from urllib.parse import urlencode, urlsplit
 
+from plugin.core.secret import Mask
 from plugin.core.terminal import one_line
 from plugin.core.userfiles import (
     ParseError,
@@ -128,6 +130,12 @@ class KubeApi:
     context: ssl.SSLContext
     token: str | None = None
     prefix: str = ""  # the server URL's path
+
+    @cached_property
+    def mask(self) -> Mask:
+        """The token masked in a text: applied to every answer quoted, and by the front ends
+        to their log, their answers to the kubelet and their Events."""
+        return Mask(self.token)
 
     @staticmethod
     def from_kubeconfig(path: Path) -> KubeApi:
@@ -234,10 +242,15 @@ class KubeApi:
             )
         try:
             url = urlsplit(server)
-            host, port = url.hostname, url.port or 443
-        except ValueError:  # a bad IPv6 literal, a port out of range (not quoted: a login?)
-            host, port = None, 0
+        except ValueError:  # a bad IPv6 literal (not quoted: it may hold a login)
             url = None
+        host = url.hostname if url else None
+        try:
+            port = 443 if url is None or url.port is None else url.port
+        except ValueError:  # over 65535 or not a number; not quoted either
+            port = 0
+        if port == 0:
+            raise CredentialsError(f"{where}: server's port is not a number within 1-65535: fix it")
         if url is None or url.scheme != "https" or not host:
             raise CredentialsError(
                 f"{where}: server {described(server)} is not https://HOST[:PORT]: fix it"
@@ -343,12 +356,10 @@ class KubeApi:
         except (ValueError, AttributeError, RecursionError):
             said = text
         said = said or response.reason  # a redirect, a bare 5xx: its status line says
-        if self.token:  # a proxy may echo the Authorization header: never logged, in any case
-            # or as base64; percent-encoded (a proxy echoing the request's URL) once decoded
-            encoded = base64.b64encode(self.token.encode()).decode()
-            forms = "|".join(re.escape(t) for t in (self.token, encoded))
-            said = re.sub(forms, "<token>", unquote(said), flags=re.IGNORECASE)
-        return KubeApiError(f"{method} {path}: {response.status} {one_line(said)}", response.status)
+        # a proxy may echo the Authorization header, raw or encoded
+        return KubeApiError(
+            f"{method} {path}: {response.status} {one_line(self.mask(said))}", response.status
+        )
 
 
 def _body(response: http.client.HTTPResponse, what: str, started: float) -> bytes:

@@ -88,6 +88,8 @@ def _number(value: float) -> str:
 Collector = Callable[[], list["MetricFamily"]]
 # How long a scrape waits for the host's counters (Prometheus's default scrape_timeout is 10 s).
 READ_TIMEOUT = 5.0
+# A request's line and headers at most (a scrape's are a few hundred bytes).
+_REQUEST_MAX = 64 * 1024
 
 
 class Metrics:
@@ -220,38 +222,44 @@ async def serve_http(
 ) -> asyncio.Server:
     """GET /metrics and GET /healthz (200 while the plugin serves its sockets, else 503)."""
 
+    async def answer(request: bytes) -> tuple[str, str, bytes]:
+        # bytes compared as bytes: a path that is not UTF-8 is just not one of ours; a query
+        # (a scrape config's params) does not change what is asked
+        rest = request.partition(b" ")[2]
+        path = rest.split(b" ", 1)[0].split(b"?", 1)[0] if b" " in rest else b""
+        if path == b"/metrics":
+            return "200 OK", CONTENT_TYPE, await metrics.scrape()
+        if path == b"/healthz":
+            ok = healthy()
+            return (
+                "200 OK" if ok else "503 Service Unavailable",
+                "text/plain",
+                b"ok\n" if ok else b"not serving\n",
+            )
+        return "404 Not Found", "text/plain", b"try /metrics or /healthz\n"
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            async with asyncio.timeout(5):
-                request = await reader.readuntil(b"\r\n\r\n")
-            # bytes compared as bytes: a path that is not UTF-8 is just not one of ours; a query
-            # (a scrape config's params) does not change what is asked
-            method, _, rest = request.partition(b" ")
-            path = rest.split(b" ", 1)[0].split(b"?", 1)[0] if b" " in rest else b""
-            if path == b"/metrics":
-                status, ctype, body = (
-                    "200 OK",
-                    CONTENT_TYPE,
-                    await metrics.scrape(),
-                )
-            elif path == b"/healthz":
-                ok = healthy()
-                status = "200 OK" if ok else "503 Service Unavailable"
-                ctype, body = "text/plain", b"ok\n" if ok else b"not serving\n"
-            else:
-                status, ctype, body = "404 Not Found", "text/plain", b"try /metrics or /healthz\n"
+            try:
+                async with asyncio.timeout(5):
+                    request = await reader.readuntil(b"\r\n\r\n")
+                status, ctype, body = await answer(request)
+                method = request.partition(b" ")[0]
+            except asyncio.LimitOverrunError:  # answered, not dropped: the scraper says why
+                method, status, ctype = b"GET", "431 Request Header Fields Too Large", "text/plain"
+                body = f"a request's line and headers: {_REQUEST_MAX >> 10} KiB at most\n".encode()
             writer.write(
                 f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                 "Connection: close\r\n\r\n".encode()
                 + (b"" if method == b"HEAD" else body)  # HEAD: what GET would say, no body
             )
             await writer.drain()
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass  # a slow, broken or oversized request (over the reader's 64 KiB) gets no answer
+        except (TimeoutError, OSError, asyncio.IncompleteReadError):
+            pass  # a slow or broken request, or a scraper gone, gets no answer
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, host or None, port)
+    server = await asyncio.start_server(handle, host or None, port, limit=_REQUEST_MAX)
     bound = ", ".join(f"{a[0]}:{a[1]}" for a in (s.getsockname() for s in server.sockets))
     logger.info("metrics and /healthz on %s", bound)  # the port the kernel chose for :0
     return server

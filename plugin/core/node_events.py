@@ -141,13 +141,15 @@ class NodeEvents:
                 content_type="application/merge-patch+json",
             )
             return ""
-        made = self.api.call("POST", EVENTS, self._event(post.problem, now))
+        made = self.api.call(
+            "POST", EVENTS, self._event(post.problem, self.api.mask(post.problem.message), now)
+        )
         try:
             return str(made["metadata"]["name"])
         except (KeyError, TypeError):
             raise KubeApiError(f"POST {EVENTS}: the answer has no metadata.name") from None
 
-    def _event(self, problem: Problem, now: str) -> dict[str, object]:
+    def _event(self, problem: Problem, message: str, now: str) -> dict[str, object]:
         return {
             "apiVersion": "v1",
             "kind": "Event",
@@ -160,7 +162,7 @@ class NodeEvents:
                 "uid": self.node,
             },
             "reason": problem.reason,
-            "message": problem.message,
+            "message": message,
             "type": "Warning",
             "source": {"component": self.component, "host": self.node},
             "reportingComponent": self.component,

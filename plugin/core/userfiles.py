@@ -353,6 +353,11 @@ def unknown_key(key: object, known: Iterable[str]) -> tuple[str, str]:
     """How a refusal names a key it does not know, and its fix. A key close to a known one is
     a misspelling: named, with the known one. Any other is described, never quoted: what was
     typed where a key goes may be a value, a secret among them."""
+    if isinstance(key, str) and key.lstrip().startswith(("/*", "//")):
+        return (
+            "a comment (/* … */ or //), read as a key",
+            "JSON has no comments: remove it, or use YAML's #",
+        )
     if isinstance(key, str):
         close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
         # a known key's start (maxAlloc) is a key cut short, not a value

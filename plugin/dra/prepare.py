@@ -23,7 +23,7 @@ from typing import Any, cast
 from plugin.core import cdi
 from plugin.core import pool as policy
 from plugin.core.discovery.model import Hca
-from plugin.core.gidchoice import COMPUTED, NoGidError, choose
+from plugin.core.gidchoice import NoGidError, choose
 from plugin.core.kubeapi import KubeApi, KubeApiError
 from plugin.core.netaddrs import namespace_addresses
 from plugin.core.userfiles import UnreadableError, read_text, shown, write_atomically
@@ -133,23 +133,24 @@ class Preparer:
         reboot) gets the same answer, and its spec written again if it is gone. The checkpoint
         is written by `save`, once per request of the kubelet, before it is answered."""
         done = self.claims.get(claim.uid)
-        obj = None
-        if done is not None and claim.uid in self._unchecked:
-            # read back: used once the API confirms it (else this claim's error, checked again
-            # at the kubelet's retry), never on its own say
-            obj = self._claim(claim)
+        if done is None or claim.uid in self._unchecked:
+            # a read-back entry is used only if it is what prepare writes for the claim now,
+            # from the API's allocation and the node's state, never on its own say
+            fresh = self._fresh(claim, self._claim(claim))
+            if fresh != done:
+                if done is not None:
+                    logger.warning(
+                        "checkpoint %s: claim %s/%s (%s) is not what this driver writes for it "
+                        "on this node now (an HCA's health or its pods' network changed since, "
+                        "or the entry is forged): prepared afresh", self.checkpoint,
+                        claim.namespace, claim.name, claim.uid,
+                    )  # fmt: skip
+                logger.info("prepared claim %s/%s (%s): %s", claim.namespace, claim.name,
+                            claim.uid, ", ".join(d.device_name for d in fresh.devices))  # fmt: skip
+                self.claims[claim.uid] = fresh
+                self._unsaved = True
             self._unchecked.discard(claim.uid)
-            if not self._as_written(claim, done, obj):
-                logger.warning(
-                    "checkpoint %s: claim %s/%s (%s) is not what this driver writes for it on "
-                    "this node now: prepared afresh", self.checkpoint, claim.namespace,
-                    claim.name, claim.uid,
-                )  # fmt: skip
-                done = None
-        if done is None:
-            done = self._prepare(claim, obj or self._claim(claim))
-            self.claims[claim.uid] = done
-            self._unsaved = True
+            done = fresh
         name = spec_file(self.driver, claim.uid)
         found = _spec_there(self.cdi_dir / name)
         if found != done.spec:
@@ -201,7 +202,10 @@ class Preparer:
             ) from None
         return requests
 
-    def _prepare(self, claim: ClaimRef, obj: dict[str, Any]) -> Prepared:
+    def _fresh(self, claim: ClaimRef, obj: dict[str, Any]) -> Prepared:
+        """What prepare writes for the claim now: the devices and requests its allocation in
+        the API (`obj`) has, each with its HCAs usable now; NCCL settings if its pods are all
+        on the host network."""
         requests = self._requests(claim, obj)
         usable: dict[str, tuple[str, ...]] = {}
         for name in requests:
@@ -217,12 +221,7 @@ class Preparer:
             )
             if not usable[name]:
                 raise PrepareError(f"device {name}: none of its HCAs is usable now")
-        done = self._written(claim, requests, usable, self._host_network_only(claim, obj))
-        hcas = dict.fromkeys(h for names in usable.values() for h in names)
-        logger.info(
-            "prepared claim %s/%s (%s): %s", claim.namespace, claim.name, claim.uid, ", ".join(hcas)
-        )
-        return done
+        return self._written(claim, requests, usable, self._host_network_only(claim, obj))
 
     def _written(
         self,
@@ -259,36 +258,6 @@ class Preparer:
             for name in usable
         )
         return Prepared(claim.namespace, claim.name, devices, cdi.spec(self.cdi_kind, allocations))
-
-    def _as_written(self, claim: ClaimRef, done: Prepared, obj: dict[str, Any]) -> bool:
-        """Whether a claim read back from the checkpoint is exactly what prepare writes for it
-        on this node now: the claim the kubelet names, the devices and requests its allocation
-        in the API (`obj`) has, the device nodes and env of the HCAs it names. A forged entry
-        (another device of the node, another HCA's device node, an env prepare never sets,
-        another claim's) is not."""
-        if self._requests(claim, obj) != {
-            d.device_name: list(d.request_names) for d in done.devices
-        }:
-            return False
-        try:
-            edits = done.spec["devices"][0]["containerEdits"]
-            env = dict(e.split("=", 1) for e in edits["env"])
-            named = set(env[HCAS_ENV].split(","))
-            if any(d.pool_name != self.node for d in done.devices):
-                return False
-            usable = {
-                d.device_name: tuple(
-                    h.name
-                    for h in self._views[self._devices[d.device_name].pool].hcas
-                    if h.name in named and h.name in self._devices[d.device_name].hcas
-                )
-                for d in done.devices
-            }
-            requests = {d.device_name: d.request_names for d in done.devices}
-            host_network = any(k in env for k in COMPUTED)
-            return self._written(claim, requests, usable, host_network) == done
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
-            return False
 
     def _claim(self, claim: ClaimRef) -> dict[str, Any]:
         path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"

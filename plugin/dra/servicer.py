@@ -69,7 +69,7 @@ class _Claims:
                     )
             except (PrepareError, OSError) as exc:
                 logger.warning("prepare %s: %s", _named(claim), exc)
-                answers[claim.uid] = str(exc)
+                answers[claim.uid] = self.preparer.api.mask(str(exc))
             except asyncio.CancelledError:  # the driver stops: answered, not a grpc traceback
                 answers[claim.uid] = STOPPING
                 return answers  # a prepare left running may still change the claims: no save
@@ -88,7 +88,7 @@ class _Claims:
                 answers[claim.uid] = ""
             except (PrepareError, OSError) as exc:
                 logger.warning("unprepare %s: %s", _named(claim), exc)
-                answers[claim.uid] = str(exc)
+                answers[claim.uid] = self.preparer.api.mask(str(exc))
             except asyncio.CancelledError:
                 answers[claim.uid] = STOPPING
                 return answers

@@ -229,9 +229,11 @@ def _read_gids(port: Path, problems: list[str]) -> list[Gid]:
             continue
         if addr == _ZERO_GID:  # an empty slot: skip before reading its (unreadable) attributes
             continue
-        gid_type = read(port / "gid_attrs" / "types" / index)
-        if gid_type is None:
-            problems.append(f"{port / 'gid_attrs' / 'types' / index}: cannot be read: left out")
+        try:
+            gid_type = read_text(port / "gid_attrs" / "types" / index, _ATTRIBUTE_BYTES).strip()
+        except UnreadableError as exc:
+            problems.append(f"{port / 'gid_attrs' / 'types' / index}: cannot be read ({exc}): "
+                            "left out")  # fmt: skip
             continue
         if gid_type not in ("IB/RoCE v1", "RoCE v2"):
             continue

@@ -257,7 +257,9 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
         ({"server": SERVER, "certificate-authority": "/nonexistent/ca.crt"}, {},
          "certificate-authority: /nonexistent/ca.crt: No such file or directory"),
         ({"server": "https://127.0.0.1:99999", "insecure-skip-tls-verify": True}, {},
-         "server text of 23 characters is not https://HOST[:PORT]"),
+         "server's port is not a number within 1-65535: fix it"),
+        ({"server": "https://127.0.0.1:0", "insecure-skip-tls-verify": True}, {},
+         "server's port is not a number within 1-65535: fix it"),
         ({"server": "https://[::1", "insecure-skip-tls-verify": True}, {},
          "server text of 12 characters is not https://HOST[:PORT]"),
         ({"server": SERVER, "insecure-skip-tls-verify": True},
@@ -308,6 +310,7 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
          "client-key: @FIFO: a FIFO, not a regular file"),
     ],
     ids=["ca-not-base64", "ca-not-text", "ca-not-pem", "ca-file-missing", "port-out-of-range",
+         "port-0",
          "bad-ipv6", "cert-not-base64", "cert-file-missing", "token-fifo", "token-dev-zero",
          "token-missing", "exec", "auth-provider", "basic-auth", "proxy", "token-newline",
          "user-a-list", "no-server", "tls-skip-as-text", "token-a-list", "impersonation",
@@ -423,6 +426,12 @@ class OddApi:
         (500, json.dumps({"message": f"bad {TOKEN.replace('-', '%2D')} and "
                                      f"{''.join(f'%{b:02x}' for b in TOKEN.encode())}"}).encode(),
          "500 bad <token> and <token>"),
+        (403, json.dumps({"message": base64.b64encode(f"Bearer {TOKEN}".encode()).decode()})
+         .encode(), "403 QmVhcmVyIF<token>"),  # "Bearer " alone is no secret
+        (403, json.dumps({"message": f"bad {TOKEN.replace('-', '&#45;')}"}).encode(),
+         "403 bad <token>"),
+        (403, json.dumps({"message": f"bad {TOKEN.replace('-', '%252D')}"}).encode(),
+         "403 bad <token>"),
         (200, b"[]", "the answer is not a list of ResourceSlices"),
         (200, b"[" * 100_000 + b"]" * 100_000, "the answer is not JSON"),
         (302, b"", "302 Found"),
@@ -431,7 +440,8 @@ class OddApi:
         (200, b'{"items": [{"spec": {}}]}', "the answer is not a list of ResourceSlices"),
     ],
     ids=["not-json", "huge-error", "echoes-the-token", "echoes-it-base64", "echoes-it-lower-case",
-         "echoes-it-percent-encoded",
+         "echoes-it-percent-encoded", "echoes-the-header-base64", "echoes-it-html-escaped",
+         "echoes-it-percent-encoded-twice",
          "a-list", "nested-deep", "a-redirect", "line-break", "items-not-a-list",
          "items-without-metadata"],
 )  # fmt: skip
@@ -774,6 +784,26 @@ async def test_an_answer_for_another_claim_of_the_same_uid_is_not_used(
 
 
 @pytest.mark.parametrize(
+    "name",
+    [f"echo-{TOKEN}", base64.b64encode(f"Bearer {TOKEN}".encode()).decode(), TOKEN.encode().hex()],
+    ids=["raw", "base64-of-the-header", "hex"],
+)
+async def test_a_claim_answer_echoing_the_token_is_masked_in_the_answer_and_the_log(
+    short_tmp: Path, tree: SysfsTree, name: str
+) -> None:
+    result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
+    api = OddApi(short_tmp, 200, _claim(result, name=name))
+    driver, answer = await _prepared_against(api, short_tmp, tree)
+
+    assert answer.error.startswith("the API server answered for claim default/c with 'default/")
+    assert answer.error.endswith("<token>': not used")
+    log = driver.log.read_text()
+    assert "<token>': not used" in log
+    assert TOKEN not in log + answer.error
+    assert name not in log + answer.error
+
+
+@pytest.mark.parametrize(
     ("namespace", "uid", "name", "said"),
     [
         ("..", "u-1", "c", "the kubelet's claim namespace '..' is not a namespace (a DNS label)"),
@@ -904,11 +934,12 @@ def _entry(uid: str, **spec: object) -> dict[str, Any]:
 
 
 def _good(driver: Driver) -> dict[str, Any]:
-    """The entry prepare writes for u-1 (hca-0, off the host network) on the two-mlx5 tree."""
+    """The entry prepare writes for u-1 (hca-0: both HCAs, off the host network) on the
+    two-mlx5 tree."""
     dev = driver.spec.dev_root / "infiniband"
     nodes = [{"path": f"/dev/infiniband/{n}", "hostPath": str(dev / n), "permissions": "rw"}
-             for n in ("rdma_cm", "uverbs0", "umad0")]  # fmt: skip
-    return _entry("u-1", **_edits(nodes, "u-1", env=["LINGJUN_RDMA_HCAS=mlx5_0"]))
+             for n in ("rdma_cm", "uverbs0", "umad0", "uverbs1", "umad1")]  # fmt: skip
+    return _entry("u-1", **_edits(nodes, "u-1", env=["LINGJUN_RDMA_HCAS=mlx5_0,mlx5_1"]))
 
 
 async def _prepared_against(
@@ -1016,6 +1047,11 @@ def _forged(driver: Driver, how: str) -> dict[str, Any]:
                       "hostPath": nodes[1]["hostPath"].replace("uverbs0", "uverbs49")})  # fmt: skip
     elif how == "another-hca-named":
         edits["env"] = ["LINGJUN_RDMA_HCAS=mlx5_7"]
+    elif how == "one-of-its-hcas-only":
+        del nodes[3:]
+        edits["env"] = ["LINGJUN_RDMA_HCAS=mlx5_0"]
+    elif how == "nccl-settings-for-a-pod-off-the-host-network":
+        edits["env"] += ["NCCL_IB_HCA==mlx5_0:1", "NCCL_IB_GID_INDEX=1"]
     elif how == "an-nccl-value-never-written":
         edits["env"] += ["NCCL_SOCKET_IFNAME=$(reboot)"]
     elif how == "another-claims-entry":
@@ -1037,6 +1073,7 @@ def _forged(driver: Driver, how: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     "how",
     ["another-hcas-node", "a-node-not-on-the-node", "another-hca-named",
+     "one-of-its-hcas-only", "nccl-settings-for-a-pod-off-the-host-network",
      "an-nccl-value-never-written", "another-claims-entry", "another-nodes-pool",
      "another-device-of-this-node", "a-device-not-on-the-node"],
 )  # fmt: skip
@@ -1063,7 +1100,7 @@ async def test_a_checkpoint_entry_of_our_shape_but_not_what_we_would_write_is_pr
     assert device["name"] == "u-1-hca-0"
     assert device["containerEdits"]["env"] == ["LINGJUN_RDMA_HCAS=mlx5_0,mlx5_1"]  # afresh
     log = driver.log.read_text()
-    assert "claim default/c (u-1) is not what this driver writes for it on this node now: " in log
+    assert "claim default/c (u-1) is not what this driver writes for it on this node now " in log
     assert "Traceback" not in log
 
 

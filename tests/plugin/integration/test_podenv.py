@@ -344,7 +344,7 @@ def test_a_stdout_that_cannot_take_it_is_one_line(
     assert done.stderr.splitlines() == [f"lingjun-rdma podenv: stdout: {said}"]
 
 
-@pytest.mark.parametrize("fault", ["fifo", "not-a-gid", "type-unreadable"])
+@pytest.mark.parametrize("fault", ["fifo", "not-a-gid", "type-unreadable", "type-not-utf-8"])
 def test_a_gid_entry_that_cannot_be_read_is_named_not_a_network_fix(
     tree: SysfsTree, pod_netns: str, fault: str
 ) -> None:
@@ -352,11 +352,13 @@ def test_a_gid_entry_that_cannot_be_read_is_named_not_a_network_fix(
     in the pod's network mode (the message said only that)."""
     _address(pod_netns, f"{POD_A}/64")
     port = tree.port_dir("mlx5_0")
-    broken = port / ("gid_attrs/types/5" if fault == "type-unreadable" else "gids/5")
+    broken = port / ("gid_attrs/types/5" if fault.startswith("type-") else "gids/5")
     broken = broken.resolve()
     broken.unlink()
     if fault == "not-a-gid":
         broken.write_text("junk\n")
+    elif fault == "type-not-utf-8":
+        broken.write_bytes(b"RoCE \xff2\n")
     else:
         os.mkfifo(broken)
 
@@ -365,6 +367,8 @@ def test_a_gid_entry_that_cannot_be_read_is_named_not_a_network_fix(
     assert done.returncode == 1
     assert "no RoCE v2 GID for an ipv6 address of this network namespace on mlx5_0" in done.stderr
     assert f"not read there, which may hold it: {port}/" in done.stderr
-    entry = "gid_attrs/types/5: cannot be read" if fault == "type-unreadable" else "gids/5"
+    entry = "gid_attrs/types/5: cannot be read" if fault.startswith("type-") else "gids/5"
     assert entry in done.stderr
+    if fault == "type-not-utf-8":
+        assert "gid_attrs/types/5: cannot be read (not UTF-8 text): left out" in done.stderr
     assert "nonHostNetwork: true with computeNetworkIpv6" not in done.stderr

@@ -38,6 +38,11 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
     [
         ({"pool": []}, "pool: unknown key: did you mean pools?"),
         (
+            {"/* mine */ \"pools\"": []},
+            "a comment (/* … */ or //), read as a key: unknown key: JSON has no comments: remove "
+            "it, or use YAML's #",
+        ),
+        (
             {"pools": [{"name": "a", "maxAllocations": "many"}]},
             "pools[0].maxAllocations: not a whole number (got text of 4 characters): fix this "
             "value",

@@ -153,3 +153,10 @@ async def test_a_hung_host_read_costs_its_families_only_and_is_never_doubled() -
     assert "rdma_port_x 1.0" in third
     assert reads_while_hung == 1  # the hung read was waited for again, not started twice
     assert loop_ticks > 5
+
+
+async def test_a_request_over_its_bound_is_answered_431_not_dropped() -> None:
+    answer = await _ask(b"GET /metrics?" + b"q" * 70_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+
+    assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large")
+    assert answer.endswith(b"a request's line and headers: 64 KiB at most\n")

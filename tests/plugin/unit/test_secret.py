@@ -1,0 +1,76 @@
+"""The token masked in what the plugin says, however a peer encoded it."""
+
+from __future__ import annotations
+
+import base64
+import html
+import logging
+from urllib.parse import quote
+
+import pytest
+
+from plugin.core.secret import MASK, Mask, MaskedLog
+
+TOKEN = "S3cret-token-0123456789"
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        f"token {TOKEN} refused",
+        f"token {TOKEN.upper()} refused",
+        f"echo {_b64(TOKEN)}",
+        f"echo {_b64('Bearer ' + TOKEN)}",
+        f"echo {_b64('Authorization: Bearer ' + TOKEN)}",
+        f"echo {_b64('x' + TOKEN + 'y')}",
+        f"echo {base64.urlsafe_b64encode(('??' + TOKEN).encode()).decode()}",
+        f"echo {TOKEN.encode().hex()}",
+        f"echo {TOKEN.encode().hex().upper()}",
+        f"echo {quote(quote(TOKEN, safe=''), safe='')}",
+        f"echo {''.join(f'&#{ord(c)};' for c in TOKEN)}",
+        f"echo {html.escape(TOKEN).replace('-', '&#45;')}",
+        "echo " + "".join(f"\\u{ord(c):04x}" for c in TOKEN),
+        "echo " + "".join(f"\\x{ord(c):02x}" for c in TOKEN),
+    ],
+    ids=["raw", "upper-case", "base64", "base64-of-bearer", "base64-of-the-header",
+         "base64-offset-1", "urlsafe-base64-offset-2", "hex", "hex-upper", "percent-twice",
+         "html-entities", "html-entity-dash", "json-escapes", "backslash-x"],
+)  # fmt: skip
+def test_the_token_in_any_encoding_a_peer_may_echo_is_masked(said: str) -> None:
+    masked = Mask(TOKEN)(said)
+
+    assert MASK in masked
+    assert TOKEN.lower() not in masked.lower()
+    assert _b64(TOKEN)[:12] not in masked
+
+
+def test_a_text_without_the_token_is_kept_as_it_is() -> None:
+    said = "pods \"p%20q\" is forbidden: User &quot;x&quot; cannot get"
+
+    assert Mask(TOKEN)(said) == said
+    assert Mask(None)(said) == said
+
+
+def test_a_short_token_masks_itself_but_no_encoded_fragment_of_it() -> None:
+    mask = Mask("ab")
+
+    assert mask("ab and YWI") == f"{MASK} and YWI"
+
+
+def test_a_log_record_is_masked_with_its_arguments_and_traceback() -> None:
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "claim %s: %s", ("c", TOKEN), None)
+    try:
+        raise ValueError(f"bad {TOKEN}")
+    except ValueError as exc:
+        record.exc_info = (ValueError, exc, exc.__traceback__)
+
+    assert MaskedLog(Mask(TOKEN)).filter(record)
+    line = logging.Formatter().format(record)
+
+    assert line.startswith(f"claim c: {MASK}")
+    assert TOKEN not in line
+    assert f"bad {MASK}" in line
