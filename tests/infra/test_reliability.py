@@ -961,7 +961,7 @@ def test_a_list_nested_too_deep_in_set_is_one_line(tmp_path: Path) -> None:
 
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
-    assert "lingjun-rdma:zoneIds: JSON nested too deep to read (a list of plain items" in done.stderr
+    assert "lingjun-rdma:zoneIds: JSON nested too deep to read" in done.stderr
 
 
 @pytest.mark.parametrize(

@@ -62,7 +62,7 @@ def test_a_short_token_masks_itself_but_no_encoded_fragment_of_it() -> None:
 
 
 def test_a_log_record_is_masked_with_its_arguments_and_traceback() -> None:
-    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "claim %s: %s", ("c", TOKEN), None)
+    record = logging.LogRecord("x", logging.WARNING, "f", 1, "claim %s: %s", ("c", TOKEN), None)
     try:
         raise ValueError(f"bad {TOKEN}")
     except ValueError as exc:
