@@ -49,7 +49,7 @@ def test_the_token_in_any_encoding_a_peer_may_echo_is_masked(said: str) -> None:
 
 
 def test_a_text_without_the_token_is_kept_as_it_is() -> None:
-    said = "pods \"p%20q\" is forbidden: User &quot;x&quot; cannot get"
+    said = 'pods "p%20q" is forbidden: User &quot;x&quot; cannot get'
 
     assert Mask(TOKEN)(said) == said
     assert Mask(None)(said) == said
