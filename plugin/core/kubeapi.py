@@ -10,10 +10,12 @@ import base64
 import binascii
 import contextlib
 import http.client
+import ipaddress
 import json
 import logging
 import os
 import re
+import socket
 import ssl
 import tempfile
 import threading
@@ -48,8 +50,11 @@ _BODY_MAX = 16 << 20
 _TOKEN_MAX = 64 * 1024
 # A PEM file's size at most (a CA bundle of hundreds of certificates is under 1 MiB).
 _PEM_MAX = 1 << 20
-# A bearer token: visible ASCII (RFC 6750's b64token and more), as a header carries it.
+# A bearer token, or a server URL: visible ASCII (RFC 6750's b64token and more), as a header
+# carries it.
 _TOKEN = re.compile(r"[\x21-\x7e]+")
+# A DNS name's label, as a host name has it.
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 
 
 class KubeApiError(RuntimeError):
@@ -133,8 +138,8 @@ class KubeApi:
 
     @cached_property
     def mask(self) -> Mask:
-        """The token masked in a text: applied to every answer quoted, and by the front ends
-        to their log, their answers to the kubelet and their Events."""
+        """The token masked in a text: applied to every answer quoted here; a front end holds
+        it for its whole process (`secret.hold`)."""
         return Mask(self.token)
 
     @staticmethod
@@ -169,6 +174,8 @@ class KubeApi:
                 raise TypeError
             user = cast(dict[str, Any], found)
         except (KeyError, TypeError, AttributeError):
+            for token in _tokens(config):  # a token pasted where a name goes is not said back
+                step = Mask(token)(step)
             raise CredentialsError(
                 f"--kubeconfig {path}: {step}: not there, or not as a kubeconfig has it: "
                 "`kubectl config view --minify` shows what it holds"
@@ -240,8 +247,8 @@ class KubeApi:
                 f"{where}: token: {described(bearer)} with a line break, a space or a character "
                 "an HTTP header cannot carry: fix it in the kubeconfig"
             )
-        try:
-            url = urlsplit(server)
+        try:  # urlsplit drops tabs and line breaks: a server with one names another host
+            url = urlsplit(server) if _TOKEN.fullmatch(server) else None
         except ValueError:  # a bad IPv6 literal (not quoted: it may hold a login)
             url = None
         host = url.hostname if url else None
@@ -251,7 +258,7 @@ class KubeApi:
             port = 0
         if port == 0:
             raise CredentialsError(f"{where}: server's port is not a number within 1-65535: fix it")
-        if url is None or url.scheme != "https" or not host:
+        if url is None or url.scheme != "https" or not host or not _is_host(host):
             raise CredentialsError(
                 f"{where}: server {described(server)} is not https://HOST[:PORT]: fix it"
             )
@@ -284,7 +291,7 @@ class KubeApi:
             response = self._request(conn, method, path, query, data, content_type)
             text = _body(response, f"{method} {path}", started).decode(errors="replace")
         except (OSError, http.client.HTTPException) as exc:
-            raise KubeApiError(f"{method} {path}: {exc}") from None
+            raise KubeApiError(f"{method} {path}: {self._failed(exc)}") from None
         finally:
             conn.close()
         if response.status >= 300:
@@ -312,7 +319,7 @@ class KubeApi:
                 raise self._refused("GET", path, response, text)
             event = response.readline(_BODY_MAX)
         except (OSError, http.client.HTTPException) as exc:
-            raise KubeApiError(f"GET {path} (watch): {exc}") from None
+            raise KubeApiError(f"GET {path} (watch): {self._failed(exc)}") from None
         finally:
             conn.close()
         if not event:  # the server ended the watch: nothing happened
@@ -324,6 +331,14 @@ class KubeApi:
         if kind not in ("ADDED", "MODIFIED", "DELETED", "ERROR"):  # ERROR: 410, `since` expired
             raise KubeApiError(f"GET {path} (watch): the answer is not a watch event")
         return True
+
+    def _failed(self, exc: Exception) -> Exception | str:
+        """Why a call failed; a host that does not resolve is named (the server is the fix)."""
+        if isinstance(exc, socket.gaierror):
+            return (
+                f"the server's host {self.host} does not resolve ({exc.strerror}): fix the server"
+            )
+        return exc
 
     def _connection(self, timeout: float) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection(
@@ -360,6 +375,30 @@ class KubeApi:
         return KubeApiError(
             f"{method} {path}: {response.status} {one_line(self.mask(said))}", response.status
         )
+
+
+def _tokens(config: dict[str, Any]) -> list[str]:
+    """Every user's token in a kubeconfig, as far as it has the shape to hold one."""
+    users: Any = config.get("users")
+    entries = cast(list[Any], users) if isinstance(users, list) else []
+    found = [cast(dict[str, Any], e).get("user") for e in entries if isinstance(e, dict)]
+    tokens = [cast(dict[str, Any], u).get("token") for u in found if isinstance(u, dict)]
+    return [t for t in tokens if isinstance(t, str) and t]
+
+
+def _is_host(host: str) -> bool:
+    """An IP address, or a DNS name a connection can take (http.client refused a space, IDNA a
+    label empty or over 63 characters, with a traceback)."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    try:
+        name = host.encode("idna").decode().rstrip(".")
+    except UnicodeError:
+        return False
+    return len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split("."))
 
 
 def _body(response: http.client.HTTPResponse, what: str, started: float) -> bytes:

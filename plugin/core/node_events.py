@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 from plugin.core.kubeapi import KubeApi, KubeApiError, in_background
 from plugin.core.problems import Problem
+from plugin.core.secret import masked
 from plugin.launch import EVENT_NAMESPACE
 
 logger = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ class NodeEvents:
             )
             return ""
         made = self.api.call(
-            "POST", EVENTS, self._event(post.problem, self.api.mask(post.problem.message), now)
+            "POST", EVENTS, self._event(post.problem, masked(post.problem.message), now)
         )
         try:
             return str(made["metadata"]["name"])

@@ -1,19 +1,24 @@
 """The one secret the plugin holds, its API token, masked wherever it may say a peer's words:
 every log line, every answer to the kubelet, every Event. A peer may echo the token back (a proxy
-quoting the Authorization header, a claim or pod named after it), raw or encoded: each way a
-message here can carry it is masked, not just the raw text."""
+quoting the Authorization header, a claim or pod named after it, a device ID), raw or encoded,
+whole or cut short: each way a message here can carry it is masked, not just the raw text."""
 
 from __future__ import annotations
 
 import base64
+import codecs
 import html
 import logging
 import re
+import unicodedata
 from urllib.parse import unquote
 
 MASK = "<token>"
-# An encoded form shorter than this is not masked: it would match ordinary words.
-_FORM_MIN = 6
+# A run of this many characters of the token (or of one of its encodings) is masked: a peer
+# may clip a long value, and a shorter run could be ordinary text.
+RUN = 8
+# A text masked at most: the rest is cut (scanning 16 MiB took seconds and 100s of MiB).
+TEXT_MAX = 1 << 20
 # Decoding rounds at most (a proxy may percent-encode an already encoded URL).
 _ROUNDS = 4
 _ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})")
@@ -24,13 +29,14 @@ def _unescaped(match: re.Match[str]) -> str:
 
 
 def decoded(text: str) -> str:
-    """`text` percent-, HTML- and backslash-unescaped until it no longer changes."""
+    """`text` percent-, HTML- and backslash-unescaped until it no longer changes, and in
+    Unicode's compatibility form (a full-width letter is the letter)."""
     for _ in range(_ROUNDS):
         plain = _ESCAPE.sub(_unescaped, html.unescape(unquote(text)))
         if plain == text:
             break
         text = plain
-    return text
+    return unicodedata.normalize("NFKC", text)
 
 
 def _base64_forms(secret: bytes) -> set[str]:
@@ -47,29 +53,70 @@ def _base64_forms(secret: bytes) -> set[str]:
     return forms
 
 
+def forms(secret: str) -> set[str]:
+    """The texts a message may carry the secret as, once decoded: as is, reversed, ROT13, hex
+    of UTF-8 or UTF-16, base64."""
+    raw = secret.encode()
+    return {
+        secret,
+        secret[::-1],
+        codecs.encode(secret, "rot13"),
+        raw.hex(),
+        secret.encode("utf-16-le").hex(),
+        secret.encode("utf-16-be").hex(),
+    } | _base64_forms(raw)
+
+
 class Mask:
-    """The token in any text: raw, percent-, HTML- or backslash-escaped, as base64 (in any
-    alignment, standard or URL-safe) or hex. No token: texts are kept as they are."""
+    """Any run of `RUN` characters or more of the token, or of one of its forms, in any letter
+    case, even spaced out: masked. A token shorter than `RUN` is masked where it is whole. No
+    token: texts are kept as they are."""
 
     def __init__(self, secret: str | None) -> None:
-        forms: set[str] = set()
-        if secret:
-            raw = secret.encode()
-            forms = {secret, raw.hex()} | _base64_forms(raw)
-        kept = sorted((f for f in forms if f == secret or len(f) >= _FORM_MIN), key=len)
-        self._forms = (
-            re.compile("|".join(re.escape(f) for f in reversed(kept)), re.IGNORECASE)
-            if kept
-            else None
-        )
+        self._short = secret.lower() if secret and len(secret) < RUN else None
+        every = forms(secret.lower()) | forms(secret) if secret and not self._short else set[str]()
+        self._runs = {f[i : i + RUN].lower() for f in every for i in range(len(f) - RUN + 1)}
+        # the characters a form is written with: anything else between them (a space, a dot
+        # a proxy put there) is skipped when runs are looked for
+        self._alphabet = frozenset("".join(every).lower())
 
     def __call__(self, text: str) -> str:
-        if self._forms is None:
+        if self._short is None and not self._runs:
             return text
+        if len(text) > TEXT_MAX:  # no message is that long: what is said of it is cut anyway
+            text = f"{text[:TEXT_MAX]}… ({len(text)} characters)"
         plain = decoded(text)
-        if not self._forms.search(plain):
+        spans = self._spans(plain)
+        if not spans:
             return text
-        return self._forms.sub(MASK, plain)
+        out: list[str] = []
+        at = 0
+        for start, end in spans:
+            out += [plain[at:start], MASK]
+            at = end
+        return "".join(out) + plain[at:]
+
+    def _spans(self, plain: str) -> list[tuple[int, int]]:
+        """The parts of `plain` that are the token: sorted, apart from each other."""
+        low = plain.lower()
+        if self._short is not None:
+            return [(m.start(), m.end()) for m in re.finditer(re.escape(self._short), low)]
+        kept = [i for i, c in enumerate(low) if c in self._alphabet]
+        compact = "".join(low[i] for i in kept)
+        covered = [False] * len(compact)
+        for at in range(len(compact) - RUN + 1):
+            if compact[at : at + RUN] in self._runs:
+                covered[at : at + RUN] = [True] * RUN
+        spans: list[tuple[int, int]] = []
+        for at, hit in enumerate(covered):
+            if not hit:
+                continue
+            start, end = kept[at], kept[at] + 1
+            if spans and not any(c in self._alphabet for c in low[spans[-1][1] : start]):
+                spans[-1] = (spans[-1][0], end)  # the same run, spaced out
+            else:
+                spans.append((start, end))
+        return spans
 
 
 class MaskedLog(logging.Filter):
@@ -89,7 +136,19 @@ class MaskedLog(logging.Filter):
         return True
 
 
-def mask_log(mask: Mask) -> None:
-    """Every handler of the root log masks the token from now on."""
+_held = Mask(None)
+
+
+def hold(mask: Mask) -> None:
+    """The process's token from now on (set once, at start, by a front end): masked in every
+    handler of its log and by `masked`."""
+    global _held
+    _held = mask
     for handler in logging.getLogger().handlers:
         handler.addFilter(MaskedLog(mask))
+
+
+def masked(text: str) -> str:
+    """`text` with the process's token masked: for what is said to a peer (the kubelet's
+    answers, Events)."""
+    return _held(text)

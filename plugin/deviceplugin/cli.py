@@ -15,7 +15,7 @@ from plugin.core import instance
 from plugin.core.discovery.choose import choose_discovery
 from plugin.core.discovery.model import DiscoveryError
 from plugin.core.kubeapi import CredentialsError, KubeApi
-from plugin.core.secret import mask_log
+from plugin.core.secret import hold
 from plugin.core.terminal import exit_on_signals, ignore_stops, say
 from plugin.deviceplugin import supervisor
 from plugin.launch import MAX_UNIX_PATH, socket_name
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"rdma-device-plugin: {exc}")
         return 2
     if api is not None:
-        mask_log(api.mask)
+        hold(api.mask)
     logger.info(
         "discovery: %s; pools: %s",
         discovery.name,

@@ -13,6 +13,7 @@ import grpc
 from plugin.core import pool as policy
 from plugin.core.cdi import CdiError, SpecFile
 from plugin.core.metrics import Metrics
+from plugin.core.secret import masked
 from plugin.core.userfiles import shown
 from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.deviceplugin.wire import list_and_watch_response
@@ -129,7 +130,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             except (policy.AllocationError, CdiError, OSError) as exc:
                 self.metrics.errors.labels(kind="allocate").inc()
                 logger.error("Allocate refused: %s", exc)
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, masked(str(exc)))
             responses.append(answer)
             self.metrics.allocations.labels(resource=self.resource).inc()
             logger.info("allocated %s %s -> %s", self.resource, shown(ids), ",".join(hcas))

@@ -14,7 +14,7 @@ from plugin.core import instance
 from plugin.core.discovery.choose import choose_discovery
 from plugin.core.discovery.model import DiscoveryError
 from plugin.core.kubeapi import CredentialsError, KubeApi
-from plugin.core.secret import mask_log
+from plugin.core.secret import hold
 from plugin.core.terminal import exit_on_signals, ignore_stops, say
 from plugin.dra import driver
 from plugin.launch import NODE_NAME_ENV, DraLaunchSpec
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DiscoveryError, CredentialsError, OSError) as exc:
         say(f"{driver.PROG}: {exc}")
         return 2
-    mask_log(api.mask)
+    hold(api.mask)
     logger.info(
         "driver %s on node %s; discovery: %s; pools: %s",
         spec.driver_name,

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import grpc
 
 from plugin.core.kubeapi import in_background
+from plugin.core.secret import masked
 from plugin.core.terminal import one_line
 from plugin.dra.api.dra.v1 import api_pb2 as v1
 from plugin.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
@@ -69,7 +70,7 @@ class _Claims:
                     )
             except (PrepareError, OSError) as exc:
                 logger.warning("prepare %s: %s", _named(claim), exc)
-                answers[claim.uid] = self.preparer.api.mask(str(exc))
+                answers[claim.uid] = masked(str(exc))
             except asyncio.CancelledError:  # the driver stops: answered, not a grpc traceback
                 answers[claim.uid] = STOPPING
                 return answers  # a prepare left running may still change the claims: no save
@@ -88,7 +89,7 @@ class _Claims:
                 answers[claim.uid] = ""
             except (PrepareError, OSError) as exc:
                 logger.warning("unprepare %s: %s", _named(claim), exc)
-                answers[claim.uid] = self.preparer.api.mask(str(exc))
+                answers[claim.uid] = masked(str(exc))
             except asyncio.CancelledError:
                 answers[claim.uid] = STOPPING
                 return answers

@@ -262,6 +262,14 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
          "server's port is not a number within 1-65535: fix it"),
         ({"server": "https://[::1", "insecure-skip-tls-verify": True}, {},
          "server text of 12 characters is not https://HOST[:PORT]"),
+        ({"server": "https://exa mple:6443", "insecure-skip-tls-verify": True}, {},
+         "server text of 21 characters is not https://HOST[:PORT]"),
+        ({"server": "https://a..b", "insecure-skip-tls-verify": True}, {},
+         "server text of 12 characters is not https://HOST[:PORT]"),
+        ({"server": f"https://{'a' * 64}.example", "insecure-skip-tls-verify": True}, {},
+         "server text of 80 characters is not https://HOST[:PORT]"),
+        ({"server": "https://api\t.example", "insecure-skip-tls-verify": True}, {},
+         "server text of 20 characters is not https://HOST[:PORT]"),
         ({"server": SERVER, "insecure-skip-tls-verify": True},
          {"client-certificate-data": "bad!!S3cret"}, "client-certificate-data: not base64"),
         ({"server": SERVER, "insecure-skip-tls-verify": True},
@@ -311,7 +319,8 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
     ],
     ids=["ca-not-base64", "ca-not-text", "ca-not-pem", "ca-file-missing", "port-out-of-range",
          "port-0",
-         "bad-ipv6", "cert-not-base64", "cert-file-missing", "token-fifo", "token-dev-zero",
+         "bad-ipv6", "host-with-a-space", "host-empty-label", "host-label-over-63",
+         "host-with-a-tab", "cert-not-base64", "cert-file-missing", "token-fifo", "token-dev-zero",
          "token-missing", "exec", "auth-provider", "basic-auth", "proxy", "token-newline",
          "user-a-list", "no-server", "tls-skip-as-text", "token-a-list", "impersonation",
          "key-encrypted", "server-login", "server-query", "ca-fifo", "cert-fifo", "key-fifo"],
@@ -469,6 +478,28 @@ async def test_an_odd_api_answer_is_one_bounded_line_and_the_driver_serves_on(
     assert max(len(line) for line in log.splitlines()) < 1000
     assert not [line for line in log.splitlines() if line.startswith("INJECTED")]
     assert code == 0
+
+
+async def test_a_server_whose_host_does_not_resolve_is_named_and_the_driver_serves_on(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    driver = Driver(short_tmp, tree, "https://api.nowhere.invalid:6443")
+    await driver.start()
+    try:
+        said = "the server's host api.nowhere.invalid does not resolve ("
+        for _ in range(100):
+            if said in driver.log.read_text():
+                break
+            await asyncio.sleep(0.1)
+        assert driver.proc is not None
+        assert driver.proc.returncode is None  # still serving
+    finally:
+        assert await driver.stop() == 0
+
+    log = driver.log.read_text()
+    assert said in log
+    assert "): fix the server; trying again in " in log
+    assert "Traceback" not in log
 
 
 async def test_an_answer_without_end_is_read_up_to_its_bound_and_the_driver_serves_on(
@@ -649,6 +680,22 @@ async def test_a_read_only_plugin_dir_is_one_line_naming_its_flag(
     assert said[0].startswith(f"rdma-dra-driver: --{flag.replace('_', '-')}: {read_only_dir}")
     assert "Read-only file system" in said[0] or "read-only file system" in said[0]
     assert "Traceback" not in driver.log.read_text()
+
+
+def test_a_token_pasted_as_the_current_context_is_not_said_back(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    config = _kubeconfig({"server": SERVER}, {"token": TOKEN})
+    kubeconfig.write_text(json.dumps({**config, "current-context": TOKEN}))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "plugin.dra", "--discovery", "sysfs", "--node-name", "n1",
+         "--kubeconfig", str(kubeconfig)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 2
+    assert "contexts: the context named '<token>': not there" in done.stderr
+    assert TOKEN[:8] not in done.stderr
 
 
 @pytest.mark.parametrize(("text", "said"), [("", "empty"), ("[1, 2]", "a list, not a mapping")])

@@ -1,18 +1,24 @@
 """The device plugin's Events as its CLI is given API access: a kubeconfig without the node's
-name is said to give no Events, and an API server that never answers does not hold a stop."""
+name is said to give no Events, an API server that never answers does not hold a stop, and the
+kubeconfig's token is never said back to the kubelet or in the log."""
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
+from plugin.deviceplugin.api.v1beta1 import api_pb2
+from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.plugin_process import PluginProcess
 
+TOKEN = "S3cret-probe-token-42xyz"
 NOTHING = "pools:\n- name: hca\n  selector:\n    ibdevs: [nothing*]\n"  # a problem to post
 
 
@@ -30,7 +36,7 @@ def _kubeconfig(root: Path, port: int) -> Path:
     path.write_text(json.dumps({
         "clusters": [{"name": "c", "cluster": {
             "server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "u", "user": {"token": "S3cret-0123456789"}}],
+        "users": [{"name": "u", "user": {"token": TOKEN}}],
         "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
         "current-context": "x",
     }))  # fmt: skip
@@ -61,4 +67,37 @@ async def test_a_stop_does_not_wait_for_an_api_server_that_never_answers(
     assert code == 0
     # the post in flight waits up to the API timeout (15 s); the stop does not wait for it
     assert took < 10, f"the stop took {took:.1f} s: it waited for the hung post"
-    assert "S3cret-0123456789" not in plugin.output()
+    assert TOKEN not in plugin.output()
+
+
+@pytest.mark.parametrize(
+    "echo",
+    [TOKEN, TOKEN[:-1], TOKEN.encode().hex(), base64.b64encode(TOKEN.encode()).decode()],
+    ids=["raw", "cut-short", "hex", "base64"],
+)
+async def test_a_kubelet_echoing_the_token_hears_it_masked_and_the_log_has_it_masked(
+    plugin: PluginProcess, kubelet: KubeletPeer, short_tmp: Path, silent_api: int, echo: str
+) -> None:
+    """A device ID the kubelet sends is quoted in Allocate's refusal, which the kubelet puts in
+    the pod's Events; its own refusal of Register is quoted in the plugin's log."""
+    kubelet.refusal = f"nope {echo}"
+    await plugin.start(None, kubeconfig=_kubeconfig(short_tmp, silent_api), node_name="n1")
+    await plugin.said("the kubelet refused Register")
+    kubelet.refusal = None
+    await kubelet.restart()
+    reg = await kubelet.wait_registrations(1, limit=30)
+
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await reg.stub.Allocate(
+            api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[echo])]
+            )
+        )
+
+    details = caught.value.details() or ""
+    assert details.startswith("rdma/hca: device ID '<token>' is unknown to this plugin")
+    assert await plugin.terminate() == 0
+    said = plugin.output()
+    assert "(FAILED_PRECONDITION: nope <token>)" in said
+    assert echo not in said + details
+    assert TOKEN[:8] not in said + details

@@ -48,10 +48,23 @@ def test_the_token_in_any_encoding_a_peer_may_echo_is_masked(said: str) -> None:
     assert _b64(TOKEN)[:12] not in masked
 
 
-def test_a_text_without_the_token_is_kept_as_it_is() -> None:
-    said = 'pods "p%20q" is forbidden: User &quot;x&quot; cannot get'
+# a service account token's shape: a JWT, base64url
+JWT = "eyJhbGciOiJSUzI1NiIsImtpZCI6IkZ3In0.eyJpc3MiOiJrdWJlcm5ldGVzIn0.Q2xhaW1zU2lnbmF0dXJlX3g"
 
-    assert Mask(TOKEN)(said) == said
+
+@pytest.mark.parametrize("secret", [TOKEN, JWT])
+@pytest.mark.parametrize(
+    "said",
+    [
+        'pods "p%20q" is forbidden: User &quot;x&quot; cannot get resource "pods" in API group ""',
+        'resourceclaims.resource.k8s.io "gpu-claim-7f9c" not found (uid '
+        "f81d4fae-7dec-11d0-a765-00a0c91e6bf6, resourceVersion 48213)",
+        "rdma/hca: device ID 'hca-0123' is unknown to this plugin (it has hca-0..hca-999)",
+        "GET /apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3Dnode-a: 503",
+    ],
+)
+def test_a_text_without_the_token_is_kept_as_it_is(secret: str, said: str) -> None:
+    assert Mask(secret)(said) == said
     assert Mask(None)(said) == said
 
 
