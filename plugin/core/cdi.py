@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
@@ -15,6 +16,7 @@ from plugin.core.gidchoice import COMPUTED
 from plugin.core.pool import CONTAINER_DEV, Allocation
 from plugin.core.userfiles import (
     UnreadableError,
+    file_kind,
     read_text,
     shown,
     why_not_writable,
@@ -67,6 +69,10 @@ def spec(kind: str, devices: Mapping[str, Allocation]) -> dict[str, object]:
 def write_spec(cdi_dir: Path, file_name: str, content: Mapping[str, object]) -> None:
     """Written whole or not at all: a runtime may read the dir at any moment. CdiError naming
     the dir and why when it cannot be."""
+    if (kind := other_kind(cdi_dir / file_name)) is not None:
+        raise CdiError(
+            f"--cdi-dir {cdi_dir}: {file_name} there is {kind}, not a spec: move it away"
+        )
     try:
         cdi_dir.mkdir(parents=True, exist_ok=True)
         write_atomically(cdi_dir / file_name, json.dumps(content, indent=1, sort_keys=True))
@@ -79,11 +85,23 @@ def dir_problem(cdi_dir: Path) -> str | None:
     """Why no spec can be written in `cdi_dir`, made if missing (as the runtime's often is on a
     new node): said at start, not at the first allocation that needs it."""
     try:
-        cdi_dir.mkdir(parents=True, exist_ok=True)
+        if not cdi_dir.is_dir():
+            cdi_dir.mkdir(parents=True)
+            logger.info("--cdi-dir %s did not exist: made it", cdi_dir)
     except OSError as exc:
         return f"--cdi-dir {cdi_dir} cannot be made ({exc.strerror or exc})"
     why = why_not_writable(cdi_dir)
     return None if why is None else f"--cdi-dir {cdi_dir} {why}"
+
+
+def other_kind(path: Path) -> str | None:
+    """What is at `path` when it is there but not a regular file (a directory, a FIFO, a
+    symlink): never a spec of ours, never written over or removed."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else file_kind(mode)
 
 
 # The character devices an allocation hands out (pool.allocation), by name.

@@ -13,6 +13,8 @@ import re
 import unicodedata
 from urllib.parse import unquote
 
+from plugin.core.terminal import escaped
+
 MASK = "<token>"
 # A run of this many characters of the token (or of one of its encodings) is masked: a peer
 # may clip a long value, and a shorter run could be ordinary text.
@@ -94,7 +96,8 @@ class Mask:
         for start, end in spans:
             out += [plain[at:start], MASK]
             at = end
-        return "".join(out) + plain[at:]
+        # decoded, the text may hold a control character that was escaped as it came
+        return escaped("".join(out) + plain[at:])
 
     def _spans(self, plain: str) -> list[tuple[int, int]]:
         """The parts of `plain` that are the token: sorted, apart from each other."""

@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import re
 import signal
@@ -60,7 +61,34 @@ def one_line(text: str, limit: int = PEER_TEXT_MAX, *, keep_end: bool = False) -
             text = f"{text[:half]}… ({len(text)} characters) …{text[-half:]}"
         else:
             text = f"{text[:limit]}… ({len(text)} characters)"
+    return escaped(text)
+
+
+def escaped(text: str) -> str:
+    """`text` with its control characters escaped (`\\n`): one line, whatever it holds."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+class _OneLine(logging.Filter):
+    """Each log record's message on one line: a path or a peer's words holding a line break
+    forged a line of their own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if (line := escaped(message)) != message:
+            record.msg, record.args = line, None
+        return True
+
+
+def start_log(level: str) -> None:
+    """The program's log on stderr, from now on: a time, a level, a module and one line."""
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_OneLine())
 
 
 _ARGPARSE_QUOTED = re.compile(r"(invalid [a-z_]+ value|invalid choice): '.*?'(?= \(choose|$)", re.S)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 from pathlib import Path
 
 from plugin import launch
@@ -16,7 +15,7 @@ from plugin.core.discovery.choose import choose_discovery
 from plugin.core.discovery.model import DiscoveryError
 from plugin.core.kubeapi import CredentialsError, KubeApi
 from plugin.core.secret import hold
-from plugin.core.terminal import exit_on_signals, ignore_stops, say
+from plugin.core.terminal import exit_on_signals, ignore_stops, say, start_log
 from plugin.deviceplugin import supervisor
 from plugin.launch import MAX_UNIX_PATH, socket_name
 
@@ -52,11 +51,7 @@ def _api(spec: launch.LaunchSpec) -> KubeApi | None:
 
 def main(argv: list[str] | None = None) -> int:
     spec = launch.parse(argv, launch.LaunchSpec)
-    logging.basicConfig(
-        level=spec.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    start_log(spec.log_level)
     named = launch.with_node_name(spec)
     if isinstance(named, str):
         say(f"{supervisor.PROG}: {named}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 
 from plugin import launch
 from plugin.config import ConfigError, load_config
@@ -15,7 +14,7 @@ from plugin.core.discovery.choose import choose_discovery
 from plugin.core.discovery.model import DiscoveryError
 from plugin.core.kubeapi import CredentialsError, KubeApi
 from plugin.core.secret import hold
-from plugin.core.terminal import exit_on_signals, ignore_stops, say
+from plugin.core.terminal import exit_on_signals, ignore_stops, say, start_log
 from plugin.dra import driver
 from plugin.launch import NODE_NAME_ENV, DraLaunchSpec
 
@@ -29,11 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         driver.PROG,
         "Kubernetes DRA driver for RDMA HCAs (resource.k8s.io/v1): shared and exclusive",
     )
-    logging.basicConfig(
-        level=spec.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    start_log(spec.log_level)
     named = launch.with_node_name(spec)
     if isinstance(named, str):
         say(f"{driver.PROG}: {named}")

@@ -169,7 +169,10 @@ class Preparer:
         """Idempotent: an unknown claim is already unprepared. Only a spec of ours is removed."""
         name = spec_file(self.driver, claim.uid)
         found = _spec_there(self.cdi_dir / name)
-        if found is not None and found.get("kind") != self.cdi_kind:
+        if (kind := cdi.other_kind(self.cdi_dir / name)) is not None:
+            logger.warning("--cdi-dir %s: %s there is %s, not a spec: kept", self.cdi_dir, name,
+                           kind)  # fmt: skip
+        elif found is not None and found.get("kind") != self.cdi_kind:
             logger.warning("--cdi-dir %s: %s there is not a CDI spec of %s: kept", self.cdi_dir,
                            name, self.cdi_kind)  # fmt: skip
         else:

@@ -358,3 +358,15 @@ def test_the_package_itself_names_its_programs_and_each_answers_its_help() -> No
             check=False,
         )  # fmt: skip
         assert helped.returncode == 0, f"{module}: {helped.stderr}"
+
+
+async def test_a_line_break_in_a_path_never_breaks_a_log_line(plugin: PluginProcess) -> None:
+    """A serving plugin logs what it cannot read under --sysfs-root: the path is escaped, as a
+    peer's words are (it made a line of its own that could pass for the plugin's)."""
+    await plugin.start(None, "--sysfs-root", str(plugin.root / "x\nINJECTED line"))
+
+    await plugin.said("INJECTED line/class does not exist")
+    await plugin.terminate()
+
+    assert "x\\nINJECTED line/class does not exist" in plugin.output()
+    assert not [line for line in plugin.output().splitlines() if line.startswith("INJECTED")]

@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import ssl
+import stat
 import subprocess
 import sys
 import threading
@@ -187,6 +188,18 @@ async def test_a_stop_removes_both_sockets_and_exits_0(driver: Driver) -> None:
 
     assert not registration_socket(driver.spec.plugins_registry_dir, DRA_DRIVER).exists()
     assert not dra_socket(driver.spec.plugins_dir, DRA_DRIVER).exists()
+
+
+async def test_a_missing_cdi_dir_is_made_and_said(short_tmp: Path, tree: SysfsTree) -> None:
+    driver = Driver(short_tmp, tree)
+    cdi_dir = driver.spec.cdi_dir
+    assert not cdi_dir.exists()
+
+    await driver.start()
+    assert await driver.stop() == 0
+
+    assert cdi_dir.is_dir()
+    assert f"--cdi-dir {cdi_dir} did not exist: made it" in driver.log.read_text()
 
 
 @pytest.mark.parametrize(
@@ -1183,9 +1196,11 @@ async def test_a_checkpoint_of_version_true_is_not_version_1(
 
 @pytest.mark.parametrize(
     ("there", "said"),
-    [("dir", "cannot write"), ("notes", "is not a CDI spec of rdma.lingjun-rdma.io/hca")],
-    ids=["a-directory", "someones-file"],
-)
+    [("dir", "there is a directory, not a spec: move it away"),
+     ("fifo", "there is a FIFO, not a spec: move it away"),
+     ("notes", "is not a CDI spec of rdma.lingjun-rdma.io/hca")],
+    ids=["a-directory", "a-fifo", "someones-file"],
+)  # fmt: skip
 async def test_what_is_not_our_spec_where_a_claims_spec_goes_is_that_claims_error(
     short_tmp: Path, tree: SysfsTree, there: str, said: str
 ) -> None:
@@ -1196,6 +1211,8 @@ async def test_what_is_not_our_spec_where_a_claims_spec_goes_is_that_claims_erro
     path.parent.mkdir(parents=True)
     if there == "dir":
         path.mkdir()
+    elif there == "fifo":
+        os.mkfifo(path)
     else:
         path.write_text("someone's notes\n")
     await driver.start()
@@ -1203,7 +1220,7 @@ async def test_what_is_not_our_spec_where_a_claims_spec_goes_is_that_claims_erro
         answer = await _prepare(driver, "u-1")
         target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
         async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
-            await v1_grpc.DRAPluginStub(channel).NodeUnprepareResources(
+            unprepared = await v1_grpc.DRAPluginStub(channel).NodeUnprepareResources(
                 v1.NodeUnprepareResourcesRequest(
                     claims=[v1.Claim(namespace="default", uid="u-1", name="c")]
                 ),
@@ -1215,8 +1232,12 @@ async def test_what_is_not_our_spec_where_a_claims_spec_goes_is_that_claims_erro
 
     assert said in answer.error
     assert not answer.devices
+    assert unprepared.claims["u-1"].error == ""  # the claim is done with: the kubelet moves on
     # kept as it was, by the prepare and by the unprepare
-    assert path.is_dir() or path.read_text() == "someone's notes\n"
+    kind = path.lstat().st_mode
+    assert {"dir": stat.S_ISDIR, "fifo": stat.S_ISFIFO, "notes": stat.S_ISREG}[there](kind)
+    assert there != "notes" or path.read_text() == "someone's notes\n"
+    assert f"{path.name} there is " in driver.log.read_text()  # said when kept
 
 
 async def test_a_stale_spec_of_ours_is_written_again(short_tmp: Path, tree: SysfsTree) -> None:
