@@ -427,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         run(args.action, stack, diff=args.diff)
     except DeployError as exc:
-        say(f"deploy: {exc}")
+        for problem in str(exc).splitlines():  # a line per key refused, each a whole message
+            say(f"deploy: {problem}")
         return 2
     except auto.CommandError as exc:
         # its stdout went by already (on_output): name the command, and show what it said on

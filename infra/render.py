@@ -63,8 +63,9 @@ KUBERNETES_VERSION = "1.34.0"
 MARKER = ".lingjun-render"
 
 
-# The names a render gives its files: kind-namespace-name.yaml, plan.md.
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+# The names a render gives its files: kind-namespace-name.yaml (Kubernetes names: lower case),
+# plan.md. A marker listing any other name (a user's notes.txt, ../x) is not one it wrote.
+_RENDER_NAME = re.compile(r"plan\.md|[a-z]+-[a-z0-9][a-z0-9.-]{0,250}\.yaml")
 
 
 class OutputError(RuntimeError):
@@ -178,9 +179,8 @@ def _written(out: Path) -> dict[str, list[object]]:
     if not isinstance(files, dict):
         return {}
     listed = cast(dict[object, list[object]], files)
-    # A render writes plain names in its own directory: a list naming anything else
-    # (../x, /etc/x) is not one it wrote, and nothing it names is ever deleted.
-    if not all(isinstance(n, str) and _PLAIN_NAME.fullmatch(n) for n in listed):
+    # a list naming anything else is not one a render wrote: nothing it names is ever deleted
+    if not all(isinstance(n, str) and _RENDER_NAME.fullmatch(n) for n in listed):
         return {}
     return cast(dict[str, list[object]], listed)
 
@@ -253,25 +253,27 @@ def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any
     """Write into a new directory beside `out`, then swap it in: `out` holds either the old
     render or the new one, never a mix. Of the old one, only the files it listed, unchanged,
     are deleted: returns where it stays when anything else appeared in it meanwhile."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".render-", dir=out.parent))  # short: any --out fits
+    names = [file_name(m) for m in objects]
+    texts = {
+        name: yaml.dump(manifest, Dumper=_Dumper, sort_keys=False)
+        for name, manifest in zip(names, objects, strict=True)
+    }
+    texts["plan.md"] = plan_markdown(stack, result, names)
+    files = {n: [len(t.encode()), hashlib.sha256(t.encode()).hexdigest()] for n, t in texts.items()}
+    marker = {"writer": f"python -m infra.render --stack {stack}", "files": files}
+    texts[MARKER] = json.dumps(marker, indent=1, sort_keys=True) + "\n"  # last: it lists the rest
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".render-", dir=out.parent))  # short: any fits
+    except OSError:
+        if os.path.ismount(out):  # a volume under a read-only root (docker run --read-only -v)
+            return _write_in_place(out, texts)
+        raise
     _like(staging, out)
     old = staging.with_name(staging.name + ".old")
     try:
-        names = [file_name(m) for m in objects]
-        texts = {
-            name: yaml.dump(manifest, Dumper=_Dumper, sort_keys=False)
-            for name, manifest in zip(names, objects, strict=True)
-        }
-        texts["plan.md"] = plan_markdown(stack, result, names)
-        files: dict[str, list[object]] = {}
         for name, text in texts.items():
-            data = text.encode()
-            (staging / name).write_bytes(data)
-            files[name] = [len(data), hashlib.sha256(data).hexdigest()]
-        marker = {"writer": f"python -m infra.render --stack {stack}", "files": files}
-        texts[MARKER] = json.dumps(marker, indent=1, sort_keys=True) + "\n"
-        (staging / MARKER).write_text(texts[MARKER])
+            (staging / name).write_bytes(text.encode())
         if out.exists():
             try:
                 out.rename(old)

@@ -668,6 +668,26 @@ def test_a_render_list_naming_files_elsewhere_deletes_nothing_there(
     assert victim.read_text() == "keep me"
 
 
+def test_a_render_list_naming_a_file_a_render_never_names_deletes_nothing(
+    tmp_path: Path,
+) -> None:
+    """The marker lists a user's file beside the render's, with its right size and digest (a
+    forged or hand-edited list): render refuses the dir; the file stays."""
+    out = tmp_path / "out"
+    render("dev", out)
+    precious = out / "precious.txt"
+    precious.write_text("keep me")
+    marker = json.loads((out / MARKER).read_text())
+    data = precious.read_bytes()
+    marker["files"]["precious.txt"] = [len(data), hashlib.sha256(data).hexdigest()]
+    (out / MARKER).write_text(json.dumps(marker))
+
+    with pytest.raises(OutputError, match="holds files a render did not write"):
+        render("dev", out)
+
+    assert precious.read_text() == "keep me"
+
+
 def test_an_out_below_a_regular_file_says_so(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("")
 
@@ -1166,6 +1186,28 @@ def test_an_out_that_is_a_mount_point_is_rendered_in_place(mounted_out: Path) ->
     assert (mounted_out / "mywork.txt").read_text() == "precious"
 
 
+def test_a_volume_under_a_read_only_root_is_rendered_in_place(tmp_path: Path) -> None:
+    """`docker run --read-only -v $PWD/out:/out`: the render cannot stage beside the volume."""
+    root = tmp_path / "root"
+    out = root / "vol"
+    out.mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(root), str(root)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(out)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(root)], check=True)
+        with pytest.raises(OSError):
+            (root / "probe").write_text("")  # the root is read-only indeed
+
+        written = render("dev", out)
+        again = render("dev", out)
+    finally:
+        subprocess.run(["umount", "-l", str(out)], check=True)
+        subprocess.run(["umount", "-l", str(root)], check=True)
+
+    assert written == again
+    assert "plan.md" in [p.name for p in again]
+
+
 def test_a_read_only_mount_point_as_out_says_so(mounted_out: Path, tmp_path: Path) -> None:
     subprocess.run(["mount", "-o", "remount,ro", str(mounted_out)], check=True)
 
@@ -1367,6 +1409,26 @@ def test_a_key_under_a_misspelt_project_name_is_named_with_ours(tmp_path: Path) 
 @pytest.mark.parametrize(("text", "seconds"), [("1h30m", 5400), ("2h0m5s", 7205), ("90s", 90)])
 def test_a_duration_of_several_units_is_taken_as_go_writes_it(text: str, seconds: int) -> None:
     assert keys_seconds("jobAwaitTimeout", text, "30m") == (seconds, [])
+
+
+def test_deploy_says_each_key_it_refuses_on_a_line_of_its_own(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "stacks").mkdir(parents=True)
+    shutil.copy(PROJECT_DIR / "Pulumi.yaml", project)
+    local = (PROJECT_DIR / "stacks/Pulumi.local.yaml").read_text()
+    bad = "  lingjun-rdma:jobAwaitTimeout: forever\n  lingjun-rdma:pluginAwaitTimeout: never\n"
+    (project / "stacks/Pulumi.local.yaml").write_text(local + bad)
+    path = _fake_pulumi(tmp_path / "bin", "#!/bin/sh\necho v3.277.0\n")
+
+    done = _cli("infra.deploy", "preview", "--stack", "local", "--project-dir", str(project),
+                cwd=tmp_path, path=path)  # fmt: skip
+
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2, lines
+    assert sorted(line.split(": ")[1] for line in lines) == [
+        "lingjun-rdma:jobAwaitTimeout", "lingjun-rdma:pluginAwaitTimeout"]  # fmt: skip
+    assert all(line.startswith("deploy: lingjun-rdma:") for line in lines)
 
 
 def test_deploy_refuses_a_stack_render_refuses_before_any_pulumi_runs(tmp_path: Path) -> None:
