@@ -1195,7 +1195,7 @@ def test_a_volume_under_a_read_only_root_is_rendered_in_place(tmp_path: Path) ->
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(out)], check=True)
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", str(root)], check=True)
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match="Read-only file system"):
             (root / "probe").write_text("")  # the root is read-only indeed
 
         written = render("dev", out)
