@@ -71,11 +71,16 @@ def forms(secret: str) -> set[str]:
 
 class Mask:
     """Any run of `RUN` characters or more of the token, or of one of its forms, in any letter
-    case, even spaced out: masked. A token shorter than `RUN` is masked where it is whole. No
-    token: texts are kept as they are."""
+    case, even spaced out: masked. A token shorter than `RUN` is masked where it is a word of
+    its own. No token: texts are kept as they are."""
 
     def __init__(self, secret: str | None) -> None:
-        self._short = secret.lower() if secret and len(secret) < RUN else None
+        # a short one as a word of its own: a token "t" is not every t of a message
+        self._short = (
+            re.compile(rf"(?<!\w){re.escape(secret.lower())}(?!\w)")
+            if secret and len(secret) < RUN
+            else None
+        )
         every = forms(secret.lower()) | forms(secret) if secret and not self._short else set[str]()
         self._runs = {f[i : i + RUN].lower() for f in every for i in range(len(f) - RUN + 1)}
         # the characters a form is written with: anything else between them (a space, a dot
@@ -103,7 +108,7 @@ class Mask:
         """The parts of `plain` that are the token: sorted, apart from each other."""
         low = plain.lower()
         if self._short is not None:
-            return [(m.start(), m.end()) for m in re.finditer(re.escape(self._short), low)]
+            return [(m.start(), m.end()) for m in self._short.finditer(low)]
         kept = [i for i, c in enumerate(low) if c in self._alphabet]
         compact = "".join(low[i] for i in kept)
         covered = [False] * len(compact)

@@ -68,10 +68,11 @@ def test_a_text_without_the_token_is_kept_as_it_is(secret: str, said: str) -> No
     assert Mask(None)(said) == said
 
 
-def test_a_short_token_masks_itself_but_no_encoded_fragment_of_it() -> None:
-    mask = Mask("ab")
+def test_a_short_token_is_masked_as_a_word_of_its_own_only() -> None:
+    mask = Mask("t")
 
-    assert mask("ab and YWI") == f"{MASK} and YWI"
+    assert mask("token t: users: the user 't'") == f"token {MASK}: users: the user '{MASK}'"
+    assert Mask("ab")("ab and YWI and abc") == f"{MASK} and YWI and abc"
 
 
 def test_a_log_record_is_masked_with_its_arguments_and_traceback() -> None:
