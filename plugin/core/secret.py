@@ -81,7 +81,7 @@ class Mask:
             if secret and len(secret) < RUN
             else None
         )
-        every = forms(secret.lower()) | forms(secret) if secret and not self._short else set[str]()
+        every = forms(secret) if secret and not self._short else set[str]()
         self._runs = {f[i : i + RUN].lower() for f in every for i in range(len(f) - RUN + 1)}
         # the characters a form is written with: anything else between them (a space, a dot
         # a proxy put there) is skipped when runs are looked for
