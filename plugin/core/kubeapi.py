@@ -378,11 +378,16 @@ class KubeApi:
 
 
 def _tokens(config: dict[str, Any]) -> list[str]:
-    """Every user's token in a kubeconfig, as far as it has the shape to hold one."""
+    """Every user's token in a kubeconfig (inline or in its file), as far as it has the shape
+    to hold one."""
     users: Any = config.get("users")
     entries = cast(list[Any], users) if isinstance(users, list) else []
     found = [cast(dict[str, Any], e).get("user") for e in entries if isinstance(e, dict)]
-    tokens = [cast(dict[str, Any], u).get("token") for u in found if isinstance(u, dict)]
+    found_users = [cast(dict[str, Any], u) for u in found if isinstance(u, dict)]
+    tokens = [u.get("token") for u in found_users]
+    for file in (u.get("tokenFile") for u in found_users):
+        with contextlib.suppress(UnreadableError):  # read as when it is used: a FIFO is not
+            tokens.append(read_text(Path(str(file)), _TOKEN_MAX).strip() if file else None)
     return [t for t in tokens if isinstance(t, str) and t]
 
 

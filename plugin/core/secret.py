@@ -11,6 +11,9 @@ import html
 import logging
 import re
 import unicodedata
+from array import array
+from bisect import bisect_left
+from collections.abc import Callable
 from urllib.parse import unquote
 
 from plugin.core.terminal import escaped
@@ -41,32 +44,29 @@ def decoded(text: str) -> str:
     return unicodedata.normalize("NFKC", text)
 
 
-def _base64_forms(secret: bytes) -> set[str]:
-    """The part of its base64 that the secret alone decides, at each of the three alignments
-    it can take in a longer encoded text ("Bearer " + token is one), standard and URL-safe."""
-    forms: set[str] = set()
-    for offset in range(3):
-        encoded = base64.b64encode(bytes(offset) + secret).decode().rstrip("=")
-        # chars touching the prefix's bytes, or bits after the secret's end, depend on the rest
-        start = (offset * 8 + 5) // 6
-        end = len(secret) + offset
-        core = encoded[start : (end * 8) // 6]
-        forms |= {core, core.replace("+", "-").replace("/", "_")}
-    return forms
+def _cores(secret: bytes, group: int, bits: int, encode: Callable[[bytes], bytes]) -> set[str]:
+    """The part of an encoding (base64: 3-byte groups, 6 bits a character; base32: 5, 5) that
+    the secret alone decides, at each alignment it can take in a longer encoded text ("Bearer "
+    + token is one): characters touching a byte before it, or bits after it, depend on those."""
+    cores: set[str] = set()
+    for offset in range(group):
+        encoded = encode(bytes(offset) + secret).decode().rstrip("=")
+        start = (offset * 8 + bits - 1) // bits
+        cores.add(encoded[start : ((len(secret) + offset) * 8) // bits])
+    return cores
 
 
 def forms(secret: str) -> set[str]:
-    """The texts a message may carry the secret as, once decoded: as is, reversed, ROT13, hex
-    of UTF-8 or UTF-16, base64."""
-    raw = secret.encode()
-    return {
-        secret,
-        secret[::-1],
-        codecs.encode(secret, "rot13"),
-        raw.hex(),
-        secret.encode("utf-16-le").hex(),
-        secret.encode("utf-16-be").hex(),
-    } | _base64_forms(raw)
+    """The texts a message may carry the secret as, once unescaped: the secret, its reverse and
+    its ROT13, each as is, as hex of UTF-8 or UTF-16, as base64 (standard, URL-safe) or base32."""
+    found: set[str] = set()
+    for text in (secret, secret[::-1], codecs.encode(secret, "rot13")):
+        raw = text.encode()
+        b64 = _cores(raw, 3, 6, base64.b64encode)
+        found |= {text, raw.hex(), text.encode("utf-16-le").hex(), text.encode("utf-16-be").hex()}
+        found |= b64 | {c.replace("+", "-").replace("/", "_") for c in b64}
+        found |= _cores(raw, 5, 5, base64.b32encode)
+    return found
 
 
 class Mask:
@@ -82,7 +82,12 @@ class Mask:
             else None
         )
         every = forms(secret) if secret and not self._short else set[str]()
-        self._runs = {f[i : i + RUN].lower() for f in every for i in range(len(f) - RUN + 1)}
+        # each run of RUN characters (ASCII, lower case) as a 64-bit number, sorted: 8 bytes a
+        # run (as a set of strings, a service account's token took 1.2 MB)
+        self._runs = array("Q", sorted({
+            int.from_bytes(f[i : i + RUN].lower().encode(), "big")
+            for f in every if f.isascii() for i in range(len(f) - RUN + 1)
+        }))  # fmt: skip
         # the characters a form is written with: anything else between them (a space, a dot
         # a proxy put there) is skipped when runs are looked for
         self._alphabet = frozenset("".join(every).lower())
@@ -113,7 +118,7 @@ class Mask:
         compact = "".join(low[i] for i in kept)
         covered = [False] * len(compact)
         for at in range(len(compact) - RUN + 1):
-            if compact[at : at + RUN] in self._runs:
+            if self._is_run(compact[at : at + RUN]):
                 covered[at : at + RUN] = [True] * RUN
         spans: list[tuple[int, int]] = []
         for at, hit in enumerate(covered):
@@ -125,6 +130,13 @@ class Mask:
             else:
                 spans.append((start, end))
         return spans
+
+    def _is_run(self, window: str) -> bool:
+        if not window.isascii():
+            return False
+        key = int.from_bytes(window.encode(), "big")
+        at = bisect_left(self._runs, key)
+        return at < len(self._runs) and self._runs[at] == key
 
 
 class MaskedLog(logging.Filter):

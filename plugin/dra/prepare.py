@@ -26,6 +26,7 @@ from plugin.core.discovery.model import Hca
 from plugin.core.gidchoice import NoGidError, choose
 from plugin.core.kubeapi import KubeApi, KubeApiError
 from plugin.core.netaddrs import namespace_addresses
+from plugin.core.secret import masked
 from plugin.core.userfiles import UnreadableError, read_text, shown, write_atomically
 from plugin.dra.devices import SliceDevice, slice_devices
 from plugin.launch import HCAS_ENV, family_for
@@ -56,6 +57,8 @@ POD_READS_WITHIN = 5.0
 def _checked(what: str, value: str, form: re.Pattern[str], kind: str) -> None:
     if not form.fullmatch(value):
         raise PrepareError(f"the kubelet's {what} {shown(value)} is not {kind}: not used")
+    if masked(value) != value:  # it would reach file names, CDI IDs and the checkpoint
+        raise PrepareError(f"the kubelet's {what} holds the driver's API token: not used")
 
 
 @dataclass(frozen=True)

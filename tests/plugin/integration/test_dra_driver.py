@@ -695,9 +695,13 @@ async def test_a_read_only_plugin_dir_is_one_line_naming_its_flag(
     assert "Traceback" not in driver.log.read_text()
 
 
-def test_a_token_pasted_as_the_current_context_is_not_said_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["token", "tokenFile"])
+def test_a_token_pasted_as_the_current_context_is_not_said_back(tmp_path: Path, where: str) -> None:
     kubeconfig = tmp_path / "kubeconfig"
-    config = _kubeconfig({"server": SERVER}, {"token": TOKEN})
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    user = {"token": TOKEN} if where == "token" else {"tokenFile": str(token_file)}
+    config = _kubeconfig({"server": SERVER}, user)
     kubeconfig.write_text(json.dumps({**config, "current-context": TOKEN}))
 
     done = subprocess.run(
@@ -870,8 +874,22 @@ async def test_a_claim_answer_echoing_the_token_is_masked_in_the_answer_and_the_
         ("default", "../../x", "c", "the kubelet's claim UID '../../x' is not a UID"),
         ("default", "u-1", "c\nINJECTED", "the kubelet's claim name 'c\\nINJECTED' is not a name"),
         ("default", "u-1", "c" * 254, "' (254 characters) is not a name (a DNS subdomain)"),
+        ("default", TOKEN, "c", "the kubelet's claim UID holds the driver's API token: not used"),
+        (
+            "default",
+            "u-1",
+            f"c-{TOKEN.lower()}",
+            "the kubelet's claim name holds the driver's API token: not used",
+        ),
     ],
-    ids=["namespace-dotdot", "uid-a-path", "name-line-break", "name-too-long"],
+    ids=[
+        "namespace-dotdot",
+        "uid-a-path",
+        "name-line-break",
+        "name-too-long",
+        "uid-the-token",
+        "name-holding-the-token",
+    ],
 )
 async def test_a_claim_named_as_kubernetes_never_names_one_is_that_claims_error(
     short_tmp: Path, tree: SysfsTree, namespace: str, uid: str, name: str, said: str
@@ -897,9 +915,12 @@ async def test_a_claim_named_as_kubernetes_never_names_one_is_that_claims_error(
     assert said in prepared.claims[uid].error
     assert said in unprepared.claims[uid].error
     assert not prepared.claims[uid].devices
-    written = await asyncio.to_thread(lambda: list(short_tmp.rglob("*x.json")))
+    written = await asyncio.to_thread(
+        lambda: list(short_tmp.rglob(f"*{uid.rsplit('/')[-1][-4:]}.json"))
+    )
     assert not written  # no file named after the UID anywhere
     log = driver.log.read_text()
+    assert TOKEN.lower() not in log.lower()
     assert not [line for line in log.splitlines() if line.startswith("INJECTED")]
     assert "Traceback" not in log
 

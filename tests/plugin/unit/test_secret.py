@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import base64
+import codecs
 import html
 import logging
 from urllib.parse import quote
 
 import pytest
 
-from plugin.core.secret import MASK, Mask, MaskedLog
+from plugin.core.secret import MASK, RUN, Mask, MaskedLog
 
 TOKEN = "S3cret-token-0123456789"
 
@@ -35,16 +36,30 @@ def _b64(text: str) -> str:
         f"echo {html.escape(TOKEN).replace('-', '&#45;')}",
         "echo " + "".join(f"\\u{ord(c):04x}" for c in TOKEN),
         "echo " + "".join(f"\\x{ord(c):02x}" for c in TOKEN),
+        f"echo {TOKEN[:-2]}",
+        f"echo {TOKEN[5:15]}",
+        f"echo {' '.join(TOKEN)}",
+        "echo " + "".join(chr(ord(c) + 0xFEE0) for c in TOKEN),
+        f"echo {TOKEN[::-1]}",
+        f"echo {codecs.encode(TOKEN, 'rot13')}",
+        f"echo {TOKEN.encode('utf-16-le').hex()}",
+        f"echo {_b64('Bearer ' + TOKEN)[:-6]}",
+        f"echo {_b64(TOKEN[::-1])}",
+        f"echo {base64.b32encode(TOKEN.encode()).decode()}",
+        f"echo {base64.b32encode(('Bearer ' + TOKEN).encode()).decode()}",
     ],
     ids=["raw", "upper-case", "base64", "base64-of-bearer", "base64-of-the-header",
          "base64-offset-1", "urlsafe-base64-offset-2", "hex", "hex-upper", "percent-twice",
-         "html-entities", "html-entity-dash", "json-escapes", "backslash-x"],
+         "html-entities", "html-entity-dash", "json-escapes", "backslash-x", "cut-short",
+         "a-middle-part", "spaced-out", "full-width", "reversed", "rot13", "utf-16-hex",
+         "base64-cut-short", "base64-of-its-reverse", "base32", "base32-of-the-header"],
 )  # fmt: skip
 def test_the_token_in_any_encoding_a_peer_may_echo_is_masked(said: str) -> None:
     masked = Mask(TOKEN)(said)
 
     assert MASK in masked
-    assert TOKEN.lower() not in masked.lower()
+    assert masked.startswith(("token ", "echo "))
+    assert TOKEN[:RUN].lower() not in masked.lower()
     assert _b64(TOKEN)[:12] not in masked
 
 
