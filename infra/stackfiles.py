@@ -189,7 +189,8 @@ def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
             f"this project's stacks live in {STACKS_DIR}/ (restore `stackConfigDir: "
             f"{STACKS_DIR}`)"
         )
-    config: Any = top.get("config") or {}
+    config: Any = top.get("config")
+    config = {} if config is None else config  # `config:` with nothing after it
     if not isinstance(config, dict):
         found = type(config).__name__
         raise StackFileError(f"{where}: `config:` is a {found}, not a mapping of keys to values")

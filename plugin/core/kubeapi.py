@@ -147,7 +147,10 @@ class KubeApi:
         try:
             doc: Any = parse_yaml(read_text(path))
         except (UnreadableError, ParseError) as exc:
-            raise CredentialsError(f"--kubeconfig {path}: {exc}") from None
+            raise CredentialsError(
+                f"--kubeconfig {path}: {exc}: name a kubeconfig file (kubectl config view "
+                "--minify --raw > FILE writes one)"
+            ) from None
         if not isinstance(doc, dict):
             what = "empty" if doc is None else f"a {type(doc).__name__}, not a mapping"
             raise CredentialsError(f"--kubeconfig {path}: {what}: name a kubeconfig file")

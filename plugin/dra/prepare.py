@@ -27,7 +27,13 @@ from plugin.core.gidchoice import NoGidError, choose
 from plugin.core.kubeapi import KubeApi, KubeApiError
 from plugin.core.netaddrs import namespace_addresses
 from plugin.core.secret import masked
-from plugin.core.userfiles import UnreadableError, read_text, shown, write_atomically
+from plugin.core.userfiles import (
+    UnreadableError,
+    described,
+    read_text,
+    shown,
+    write_atomically,
+)
 from plugin.dra.devices import SliceDevice, slice_devices
 from plugin.launch import HCAS_ENV, family_for
 
@@ -367,8 +373,10 @@ def load_checkpoint(path: Path, cdi_kind: str, dev_root: Path) -> dict[str, Prep
         doc = cast(dict[str, Any], doc)
         if type(doc.get("version")) is not int or doc["version"] != CHECKPOINT_VERSION:
             raise ValueError(f"version {doc.get('version')}, not {CHECKPOINT_VERSION}")
+        if not isinstance(listed := doc.get("claims"), dict):
+            raise ValueError(f"its claims are {described(listed)}, not a mapping of UIDs")
         claims: dict[str, Prepared] = {}
-        for uid, entry in cast(dict[str, Any], doc["claims"]).items():
+        for uid, entry in cast(dict[str, Any], listed).items():
             try:
                 if not _UID.fullmatch(str(uid)):
                     raise ValueError("not a UID")

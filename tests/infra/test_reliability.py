@@ -995,9 +995,10 @@ def test_a_list_nested_too_deep_in_set_is_one_line(tmp_path: Path) -> None:
          "lingjun-rdma:zoneIds: text of 8 characters, not a YAML list"),
         (f"config:\n  lingjun-rdma:{SENTINEL}: x\n",
          "lingjun-rdma: a key that is text of 10 characters: unknown key"),
+        ("config: []\n", "`config:` is a list, not a mapping of keys to values"),
     ],
     ids=["key-twice", "unknown-key-repeated", "list-as-text",
-         "unknown-key-not-quoted"],
+         "unknown-key-not-quoted", "config-an-empty-list"],
 )  # fmt: skip
 def test_a_stack_file_the_cli_would_read_otherwise_is_refused(
     tmp_path: Path, stack_file: str, said: str

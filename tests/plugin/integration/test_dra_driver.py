@@ -207,7 +207,10 @@ async def test_a_missing_cdi_dir_is_made_and_said(short_tmp: Path, tree: SysfsTr
     [
         ((), "rdma-dra-driver: no node name: pass --node-name, or set $NODE_NAME"),
         (("--node-name", "n1", "--kubeconfig", "/nonexistent"),
-         "rdma-dra-driver: --kubeconfig /nonexistent: No such file or directory"),
+         "rdma-dra-driver: --kubeconfig /nonexistent: No such file or directory: name a "
+         "kubeconfig file (kubectl config view --minify --raw > FILE writes one)"),
+        (("--node-name", "n1", "--kubeconfig", "/dev/zero"),
+         "--kubeconfig /dev/zero: a character device, not a regular file: name a kubeconfig"),
         (("--node-name", "S3cret Value"),
          "--node-name text of 12 characters: must be a node's name (a DNS subdomain)"),
         (("--node-name", "n1", "--plugins-dir", "/tmp/" + "d" * 120),
@@ -215,7 +218,8 @@ async def test_a_missing_cdi_dir_is_made_and_said(short_tmp: Path, tree: SysfsTr
         (("--node-name", "n1", "--driver-name", "gpu.nvidia.com"),
          "--driver-name text of 14 characters: the nvidia.com domain is NVIDIA's"),
     ],
-    ids=["no-node", "no-kubeconfig", "bad-node-not-quoted", "socket-too-long",
+    ids=["no-node", "no-kubeconfig", "kubeconfig-a-device", "bad-node-not-quoted",
+         "socket-too-long",
          "nvidias-driver-name"],
 )  # fmt: skip
 def test_what_the_driver_refuses_is_one_line(args: tuple[str, ...], said: str) -> None:
@@ -652,7 +656,7 @@ async def test_a_file_where_a_socket_goes_is_kept_and_said(
     )
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "garbage", "nested-deep"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "garbage", "nested-deep", "claims-a-list"])
 async def test_a_checkpoint_that_cannot_be_read_is_kept_aside_and_the_driver_serves(
     short_tmp: Path, tree: SysfsTree, kind: str
 ) -> None:
@@ -665,6 +669,8 @@ async def test_a_checkpoint_that_cannot_be_read_is_kept_aside_and_the_driver_ser
         checkpoint.symlink_to("/dev/zero")
     elif kind == "nested-deep":
         checkpoint.write_text("[" * 200_000 + "]" * 200_000)
+    elif kind == "claims-a-list":
+        checkpoint.write_text(json.dumps({"version": CHECKPOINT_VERSION, "claims": []}))
     else:
         checkpoint.write_text("{not json")
     await driver.start()  # registration served: nothing blocked on the checkpoint
@@ -674,6 +680,9 @@ async def test_a_checkpoint_that_cannot_be_read_is_kept_aside_and_the_driver_ser
         assert await driver.stop() == 0
 
     assert f"checkpoint {checkpoint} cannot be read (" in log
+    if kind == "claims-a-list":
+        assert "(its claims are a list of 0, not a mapping of UIDs)" in log
+    assert "object has no attribute" not in log
     assert checkpoint.with_suffix(".unreadable").exists() or (
         checkpoint.with_suffix(".unreadable").is_symlink()
     )
