@@ -328,8 +328,29 @@ def _write_in_place(out: Path, texts: dict[str, str]) -> Path | None:
             for name, text in texts.items():  # MARKER last: it lists what is now there
                 write_atomically(out / name, text)
     except OSError as exc:
-        raise OutputError(f"--out {out}: cannot write in it ({exc.strerror})") from None
+        _undo_in_place(out, texts, old)
+        raise OutputError(
+            f"--out {out}: cannot write in it ({exc.strerror}): what this render wrote there is "
+            "removed again"
+        ) from None
     return out if any(p.name not in texts for p in out.iterdir()) else None
+
+
+def _undo_in_place(out: Path, texts: dict[str, str], old: dict[str, list[object]]) -> None:
+    """After a write in place failed (the volume full): the files it wrote are removed, and the
+    list names what is left of the previous render, unchanged. Nothing else is touched, and the
+    next render finds a render's directory, not files no list names."""
+    for name, text in texts.items():
+        data = text.encode()
+        if name != MARKER and _digest(out / name) == [len(data), hashlib.sha256(data).hexdigest()]:
+            (out / name).unlink()
+    left = {n: d for n, d in old.items() if _digest(out / n) == d}
+    with contextlib.suppress(OSError):  # space was freed above; if not, the list stays stale
+        if left:
+            marker = {"writer": "python -m infra.render (what a failed render left)", "files": left}
+            write_atomically(out / MARKER, json.dumps(marker, indent=1, sort_keys=True) + "\n")
+        elif old:  # the previous render's list, which check_out found ours
+            (out / MARKER).unlink(missing_ok=True)
 
 
 def _remove_render(directory: Path) -> Path | None:
