@@ -320,6 +320,7 @@ def _write_in_place(out: Path, texts: dict[str, str]) -> Path | None:
             f"--out {out}: {', '.join(taken[:3])} appeared in it while this render ran; move "
             "them away and render again"
         )
+    wrote = 0
     try:
         with deferred():
             for name, digest in old.items():
@@ -327,12 +328,12 @@ def _write_in_place(out: Path, texts: dict[str, str]) -> Path | None:
                     (out / name).unlink()
             for name, text in texts.items():  # MARKER last: it lists what is now there
                 write_atomically(out / name, text)
+                wrote += 1
     except OSError as exc:
         _undo_in_place(out, texts, old)
-        raise OutputError(
-            f"--out {out}: cannot write in it ({exc.strerror}): what this render wrote there is "
-            "removed again"
-        ) from None
+        files = f"{wrote} file" + ("s" if wrote > 1 else "")
+        undone = f": what it wrote there ({files}) is removed again" if wrote else ""
+        raise OutputError(f"--out {out}: cannot write in it ({exc.strerror}){undone}") from None
     return out if any(p.name not in texts for p in out.iterdir()) else None
 
 

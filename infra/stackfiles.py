@@ -190,7 +190,8 @@ def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
             f"{STACKS_DIR}`)"
         )
     config: Any = top.get("config")
-    config = {} if config is None else config  # `config:` with nothing after it
+    if config is None or (project and not config):  # the project's: said as no section, below
+        config = {}
     if not isinstance(config, dict):
         found = type(config).__name__
         raise StackFileError(f"{where}: `config:` is a {found}, not a mapping of keys to values")
