@@ -216,6 +216,10 @@ class KubeApi:
         if token is None and "tokenFile" in user:
             token_file = Path(str(user["tokenFile"]))
             token = _field(where, "tokenFile", lambda: read_text(token_file, _TOKEN_MAX)).strip()
+            if not token:  # a projected token not written yet, a truncated file
+                raise CredentialsError(
+                    f"{where}: tokenFile {token_file}: empty: it must hold the token"
+                )
         return KubeApi.at(server, tls, token, where)
 
     @staticmethod
@@ -238,6 +242,8 @@ class KubeApi:
         token = _field(
             where, "token", lambda: read_text(SERVICE_ACCOUNT / "token", _TOKEN_MAX), fix=fix
         )
+        if not token.strip():
+            raise CredentialsError(f"{where}: token: empty: {fix}")
         return KubeApi.at(f"https://{host}:{port}", tls, token.strip(), "KUBERNETES_SERVICE_HOST")
 
     @staticmethod
@@ -245,6 +251,10 @@ class KubeApi:
         if token is not None and not isinstance(token, str):
             raise CredentialsError(f"{where}: token: {described(token)}, not text: {_FIX}")
         bearer = None if token is None else token.strip()  # a YAML block scalar's newline
+        if bearer == "":
+            raise CredentialsError(
+                f"{where}: token: empty: give the token, or remove the field for no login"
+            )
         if bearer is not None and not _TOKEN.fullmatch(bearer):  # said, never sent
             raise CredentialsError(
                 f"{where}: token: {described(bearer)} with a line break, a space or a character "

@@ -54,6 +54,8 @@ class PrepareError(RuntimeError):
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 _UID = re.compile(r"[A-Za-z0-9-]{1,128}")
+# A request's name in an allocation result: a DNS label, or <request>/<subrequest>.
+_REQUEST = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?")
 # How long the pods a claim is reserved for are read, in all (up to 256 of them, each read
 # bounded on its own): past it the claim gets no NCCL settings, its pods' podenv has them, and
 # the node's other prepares, which wait on this one, go on.
@@ -142,7 +144,11 @@ class Preparer:
         reboot) gets the same answer, and its spec written again if it is gone. The checkpoint
         is written by `save`, once per request of the kubelet, before it is answered."""
         done = self.claims.get(claim.uid)
-        if done is None or claim.uid in self._unchecked:
+        if (
+            done is None
+            or claim.uid in self._unchecked
+            or (done.namespace, done.name) != (claim.namespace, claim.name)  # read it as named
+        ):
             # a read-back entry is used only if it is what prepare writes for the claim now,
             # from the API's allocation and the node's state, never on its own say
             fresh = self._fresh(claim, self._claim(claim))
@@ -206,6 +212,12 @@ class Preparer:
                 device, request = result["device"], result["request"]
                 if not isinstance(device, str) or not isinstance(request, str):
                     raise TypeError
+                if not _REQUEST.fullmatch(request) or masked(request) != request:
+                    raise PrepareError(  # it reaches the kubelet's answer and the checkpoint
+                        f"claim {claim.namespace}/{claim.name}: a request name the API server "
+                        "gives is not a DNS label (or <request>/<subrequest>), or holds the "
+                        "driver's API token: not used"
+                    )
                 requests.setdefault(device, []).append(request)
         except (KeyError, TypeError, AttributeError):
             raise PrepareError(

@@ -298,6 +298,10 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
          "tokenFile: a character device, not a regular file"),
         ({"server": SERVER, "insecure-skip-tls-verify": True},
          {"tokenFile": "/nonexistent/token"}, "tokenFile: No such file or directory"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True}, {"token": ""},
+         "token: empty: give the token, or remove the field for no login"),
+        ({"server": SERVER, "insecure-skip-tls-verify": True}, {"tokenFile": "/dev/null"},
+         "tokenFile: a character device, not a regular file"),
         ({"server": SERVER, "insecure-skip-tls-verify": True},
          {"exec": {"command": "/nonexistent/helper"}}, "exec is not supported here"),
         ({"server": SERVER, "insecure-skip-tls-verify": True},
@@ -338,7 +342,7 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
          "port-0",
          "bad-ipv6", "host-with-a-space", "host-empty-label", "host-label-over-63",
          "host-with-a-tab", "cert-not-base64", "cert-file-missing", "token-fifo", "token-dev-zero",
-         "token-missing", "exec", "auth-provider", "basic-auth", "proxy", "token-newline",
+         "token-missing", "token-empty", "token-file-dev-null", "exec", "auth-provider", "basic-auth", "proxy", "token-newline",
          "user-a-list", "no-server", "tls-skip-as-text", "token-a-list", "impersonation",
          "key-encrypted", "server-login", "server-query", "ca-fifo", "cert-fifo", "key-fifo"],
 )  # fmt: skip
@@ -704,6 +708,24 @@ async def test_a_read_only_plugin_dir_is_one_line_naming_its_flag(
     assert "Traceback" not in driver.log.read_text()
 
 
+def test_an_empty_token_file_is_named_as_empty(tmp_path: Path) -> None:
+    """A projected token not written yet: said as such, not as a token of bad characters."""
+    token_file = tmp_path / "token"
+    token_file.write_text("\n")
+
+    kubeconfig, done = _driver_with(
+        tmp_path,
+        {"server": SERVER, "insecure-skip-tls-verify": True},
+        {"tokenFile": str(token_file)},
+    )
+
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"rdma-dra-driver: --kubeconfig {kubeconfig}: tokenFile {token_file}: empty: it must hold "
+        "the token"
+    ]
+
+
 @pytest.mark.parametrize("where", ["token", "tokenFile"])
 def test_a_token_pasted_as_the_current_context_is_not_said_back(tmp_path: Path, where: str) -> None:
     kubeconfig = tmp_path / "kubeconfig"
@@ -841,6 +863,74 @@ async def test_a_claim_of_another_shape_is_that_claims_error(
     assert error.startswith("claim default/c: ")
     assert "the API server's answer is not a ResourceClaim" in error
     assert "Traceback" not in driver.log.read_text()
+
+
+@pytest.mark.parametrize(
+    "request_name", ["r\nINJECTED", f"r-{TOKEN}", f"r-{TOKEN.lower()}", "R", "r/s/t"]
+)
+async def test_a_request_name_that_is_no_dns_label_or_holds_the_token_is_that_claims_error(
+    short_tmp: Path, tree: SysfsTree, request_name: str
+) -> None:
+    """A request's name reaches the kubelet's answer and the checkpoint as it is."""
+    result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": request_name, "device": "hca-0"}]
+    api = OddApi(short_tmp, 200, _claim(result))
+    driver, answer = await _prepared_against(api, short_tmp, tree)
+
+    assert answer.error == (
+        "claim default/c: a request name the API server gives is not a DNS label (or "
+        "<request>/<subrequest>), or holds the driver's API token: not used"
+    )
+    assert not answer.devices
+    checkpoint = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
+    assert not checkpoint.exists() or "r-" not in checkpoint.read_text()
+    assert TOKEN.lower() not in driver.log.read_text().lower()
+
+
+async def test_a_request_naming_its_subrequest_is_prepared(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "nic/rdma", "device": "hca-0"}]
+    api = OddApi(short_tmp, 200, _claim(result))
+    _, answer = await _prepared_against(api, short_tmp, tree)
+
+    assert answer.error == ""
+    assert [list(d.request_names) for d in answer.devices] == [["nic/rdma"]]
+
+
+async def test_a_prepared_uid_asked_for_under_another_name_is_read_as_named(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    """The kubelet names u-1 as claim c2 after it was prepared as c: the answer for c is not
+    given from memory; the API's c2 (another UID) makes it that claim's error."""
+    result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
+    api = OddApi(
+        short_tmp,
+        200,
+        _claim(result),
+        by_path={"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c2":
+                 _claim(result, uid="u-c2", name="c2")},
+    )  # fmt: skip
+    driver = Driver(short_tmp, tree, api.url)
+    await driver.start()
+    try:
+        first = await _prepare(driver, "u-1")
+        target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
+        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+            again = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                v1.NodePrepareResourcesRequest(
+                    claims=[v1.Claim(namespace="default", uid="u-1", name="c2")]
+                ),
+                timeout=30,
+            )
+    finally:
+        assert await driver.stop() == 0
+        api.close()
+
+    assert first.error == ""
+    assert again.claims["u-1"].error == (
+        "claim default/c2 has UID 'u-c2', not u-1: it was deleted and made again"
+    )
+    assert not again.claims["u-1"].devices
 
 
 async def test_an_answer_for_another_claim_of_the_same_uid_is_not_used(
