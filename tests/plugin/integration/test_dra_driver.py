@@ -342,7 +342,8 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
          "port-0",
          "bad-ipv6", "host-with-a-space", "host-empty-label", "host-label-over-63",
          "host-with-a-tab", "cert-not-base64", "cert-file-missing", "token-fifo", "token-dev-zero",
-         "token-missing", "token-empty", "token-file-dev-null", "exec", "auth-provider", "basic-auth", "proxy", "token-newline",
+         "token-missing", "token-empty", "token-file-dev-null", "exec", "auth-provider",
+         "basic-auth", "proxy", "token-newline",
          "user-a-list", "no-server", "tls-skip-as-text", "token-a-list", "impersonation",
          "key-encrypted", "server-login", "server-query", "ca-fifo", "cert-fifo", "key-fifo"],
 )  # fmt: skip
