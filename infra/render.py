@@ -156,8 +156,12 @@ def check_out(out: Path) -> None:
     if not entries:
         return
     written = _written(out) if MARKER in entries else {}
-    # a MARKER that lists nothing (not ours, or unreadable) is itself someone's file
-    ours: set[str] = {MARKER} if written else set()
+    if MARKER in entries and not written:  # then every file would be named as someone's
+        raise OutputError(
+            f"--out {out}: its {MARKER} {_not_a_list(out)}, so nothing there is known to be a "
+            "render's: move the files away, or name a new or empty directory"
+        )
+    ours = {MARKER}
     foreign = [
         n for n in entries if n not in ours and (n not in written or _digest(out / n) != written[n])
     ]
@@ -180,9 +184,28 @@ def _written(out: Path) -> dict[str, list[object]]:
         return {}
     listed = cast(dict[object, list[object]], files)
     # a list naming anything else is not one a render wrote: nothing it names is ever deleted
-    if not all(isinstance(n, str) and _RENDER_NAME.fullmatch(n) for n in listed):
+    if not listed or not all(_is_render_name(n) for n in listed):
         return {}
     return cast(dict[str, list[object]], listed)
+
+
+def _not_a_list(out: Path) -> str:
+    """Why `out`'s MARKER is no list a render wrote (`_written` found none)."""
+    try:
+        data: object = json.loads(read_text(out / MARKER))
+    except UnreadableError as exc:
+        return f"cannot be read ({exc})"
+    except (ValueError, RecursionError):
+        return "is not JSON"
+    files = cast(dict[str, object], data).get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict) or not files:
+        return "lists no files"
+    odd = next(n for n in cast(dict[object, object], files) if not _is_render_name(n))
+    return f"names {shown(odd)}, a file a render never writes"
+
+
+def _is_render_name(name: object) -> bool:
+    return isinstance(name, str) and _RENDER_NAME.fullmatch(name) is not None
 
 
 def _digest(path: Path) -> list[object] | None:

@@ -662,7 +662,7 @@ def test_a_render_list_naming_files_elsewhere_deletes_nothing_there(
     marker["files"][name] = [len(data), hashlib.sha256(data).hexdigest()]
     (out / MARKER).write_text(json.dumps(marker))
 
-    with pytest.raises(OutputError, match="holds files a render did not write"):
+    with pytest.raises(OutputError, match="its .lingjun-render names '.*', a file a render never"):
         render("dev", out)
 
     assert victim.read_text() == "keep me"
@@ -682,7 +682,7 @@ def test_a_render_list_naming_a_file_a_render_never_names_deletes_nothing(
     marker["files"]["precious.txt"] = [len(data), hashlib.sha256(data).hexdigest()]
     (out / MARKER).write_text(json.dumps(marker))
 
-    with pytest.raises(OutputError, match="holds files a render did not write"):
+    with pytest.raises(OutputError, match="names 'precious.txt', a file a render never writes"):
         render("dev", out)
 
     assert precious.read_text() == "keep me"
@@ -1146,7 +1146,7 @@ def test_a_render_marker_nested_too_deep_is_someone_elses_file_not_a_traceback(
     out.mkdir()
     (out / MARKER).write_text("[" * 100000 + "]" * 100000)
 
-    with pytest.raises(OutputError, match=r"did not write, or changed since \(\.lingjun-render\)"):
+    with pytest.raises(OutputError, match=r"its \.lingjun-render is not JSON, so nothing there"):
         render("dev", out)
 
 
