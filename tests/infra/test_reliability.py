@@ -662,7 +662,7 @@ def test_a_render_list_naming_files_elsewhere_deletes_nothing_there(
     marker["files"][name] = [len(data), hashlib.sha256(data).hexdigest()]
     (out / MARKER).write_text(json.dumps(marker))
 
-    with pytest.raises(OutputError, match="its .lingjun-render names '.*', a file a render never"):
+    with pytest.raises(OutputError, match=r"its \.lingjun-render names '.*', a file a render never"):
         render("dev", out)
 
     assert victim.read_text() == "keep me"
@@ -682,7 +682,7 @@ def test_a_render_list_naming_a_file_a_render_never_names_deletes_nothing(
     marker["files"]["precious.txt"] = [len(data), hashlib.sha256(data).hexdigest()]
     (out / MARKER).write_text(json.dumps(marker))
 
-    with pytest.raises(OutputError, match="names 'precious.txt', a file a render never writes"):
+    with pytest.raises(OutputError, match=r"names 'precious\.txt', a file a render never writes"):
         render("dev", out)
 
     assert precious.read_text() == "keep me"
