@@ -10,6 +10,7 @@ import codecs
 import html
 import logging
 import re
+import string
 import unicodedata
 from array import array
 from bisect import bisect_left
@@ -26,6 +27,9 @@ RUN = 8
 TEXT_MAX = 1 << 20
 # Decoding rounds at most (a proxy may percent-encode an already encoded URL).
 _ROUNDS = 4
+# ASCII letters in lower case, URL-safe base64's two characters as standard's: one character
+# for one (str.lower makes 'İ' two, which would move every span after it)
+_FOLD = str.maketrans(string.ascii_uppercase + "-_", string.ascii_lowercase + "+/")
 _ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})")
 
 
@@ -41,7 +45,9 @@ def decoded(text: str) -> str:
         if plain == text:
             break
         text = plain
-    return unicodedata.normalize("NFKC", text)
+    # and without combining marks (an accent put on each letter)
+    spread = unicodedata.normalize("NFKD", text)
+    return unicodedata.normalize("NFC", "".join(c for c in spread if not unicodedata.combining(c)))
 
 
 def _cores(secret: bytes, group: int, bits: int, encode: Callable[[bytes], bytes]) -> set[str]:
@@ -56,17 +62,31 @@ def _cores(secret: bytes, group: int, bits: int, encode: Callable[[bytes], bytes
     return cores
 
 
+def _encoded(raw: bytes) -> set[str]:
+    """Hex, base64 (at its 3 alignments) and base32 (at its 5) of `raw`."""
+    return {raw.hex()} | _cores(raw, 3, 6, base64.b64encode) | _cores(raw, 5, 5, base64.b32encode)
+
+
 def forms(secret: str) -> set[str]:
-    """The texts a message may carry the secret as, once unescaped: the secret, its reverse and
-    its ROT13, each as is, as hex of UTF-8 or UTF-16, as base64 (standard, URL-safe) or base32."""
-    found: set[str] = set()
-    for text in (secret, secret[::-1], codecs.encode(secret, "rot13")):
-        raw = text.encode()
-        b64 = _cores(raw, 3, 6, base64.b64encode)
-        found |= {text, raw.hex(), text.encode("utf-16-le").hex(), text.encode("utf-16-be").hex()}
-        found |= b64 | {c.replace("+", "-").replace("/", "_") for c in b64}
-        found |= _cores(raw, 5, 5, base64.b32encode)
+    """The texts a message may carry the secret as, once unescaped: as is, without its
+    separators, reversed, ROT13; hex, base64 and base32 of each of those but the second, and of
+    the secret's UTF-16 (.NET's and PowerShell's encoding) too."""
+    reverse, rot13 = secret[::-1], codecs.encode(secret, "rot13")
+    found = {secret, "".join(c for c in secret if c.isalnum()), reverse, rot13}
+    for raw in (
+        secret.encode(),
+        secret.encode("utf-16-le"),
+        secret.encode("utf-16-be"),
+        reverse.encode(),
+        rot13.encode(),
+    ):
+        found |= _encoded(raw)
     return found
+
+
+def _folded(text: str) -> str:
+    """As runs are compared: in lower case, URL-safe base64's two characters as standard's."""
+    return text.translate(_FOLD)
 
 
 class Mask:
@@ -77,7 +97,7 @@ class Mask:
     def __init__(self, secret: str | None) -> None:
         # a short one as a word of its own: a token "t" is not every t of a message
         self._short = (
-            re.compile(rf"(?<!\w){re.escape(secret.lower())}(?!\w)")
+            re.compile(rf"(?<!\w){re.escape(_folded(secret))}(?!\w)")
             if secret and len(secret) < RUN
             else None
         )
@@ -85,12 +105,12 @@ class Mask:
         # each run of RUN characters (ASCII, lower case) as a 64-bit number, sorted: 8 bytes a
         # run (as a set of strings, a service account's token took 1.2 MB)
         self._runs = array("Q", sorted({
-            int.from_bytes(f[i : i + RUN].lower().encode(), "big")
+            int.from_bytes(_folded(f[i : i + RUN]).encode(), "big")
             for f in every if f.isascii() for i in range(len(f) - RUN + 1)
         }))  # fmt: skip
         # the characters a form is written with: anything else between them (a space, a dot
         # a proxy put there) is skipped when runs are looked for
-        self._alphabet = frozenset("".join(every).lower())
+        self._alphabet = frozenset(_folded("".join(every)))
 
     def __call__(self, text: str) -> str:
         if self._short is None and not self._runs:
@@ -111,7 +131,7 @@ class Mask:
 
     def _spans(self, plain: str) -> list[tuple[int, int]]:
         """The parts of `plain` that are the token: sorted, apart from each other."""
-        low = plain.lower()
+        low = _folded(plain)
         if self._short is not None:
             return [(m.start(), m.end()) for m in self._short.finditer(low)]
         kept = [i for i, c in enumerate(low) if c in self._alphabet]

@@ -5,7 +5,6 @@ cannot take what is written (full, closed): the exit code still says what happen
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import errno
 import logging
@@ -15,7 +14,9 @@ import signal
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # asyncio only then: its import (~25 ms) delayed the stop signals' handlers
+    import asyncio
+
     from _typeshed import SupportsWrite
 
 
@@ -115,6 +116,8 @@ def stop_on_signals(stop: asyncio.Event) -> None:
     ended is the program already stopping, ignored. (The loop's own signal handlers give the
     signal back its default when the loop closes: a second SIGTERM in the last milliseconds of
     a clean stop killed the process, silently.)"""
+    import asyncio
+
     loop = asyncio.get_running_loop()
 
     def handler(signum: int, frame: object) -> None:
