@@ -346,11 +346,14 @@ class KubeApi:
         return True
 
     def _failed(self, exc: Exception) -> Exception | str:
-        """Why a call failed; a host that does not resolve is named (the server is the fix)."""
+        """Why a call failed, naming where it went (a forgotten port dials 443)."""
         if isinstance(exc, socket.gaierror):
             return (
                 f"the server's host {self.host} does not resolve ({exc.strerror}): fix the server"
             )
+        if isinstance(exc, OSError):  # refused, unreachable, timed out
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            return f"{host}:{self.port}: {exc}"
         return exc
 
     def _connection(self, timeout: float) -> http.client.HTTPSConnection:
@@ -498,5 +501,10 @@ def _load_chain(where: str, named: str, tls: ssl.SSLContext, pem: bytes, key_pem
         cert.write_bytes(pem)
         key.write_bytes(key_pem)
         keyfile = str(key) if key_pem else None
+        if keyfile is None and b"PRIVATE KEY-----" not in pem:
+            raise CredentialsError(
+                f"{where}: {named}: no client key beside it (client-key, or the key in the "
+                "certificate's own file): add it"
+            )
         _field(where, named,
                lambda: tls.load_cert_chain(str(cert), keyfile, _no_passphrase))  # fmt: skip

@@ -176,6 +176,7 @@ async def test_a_claim_that_cannot_be_read_is_an_error_for_that_claim_and_the_dr
 
     for answer in (first, again):
         assert answer.claims["u-1"].error.startswith("cannot read claim default/c: GET ")
+        assert ": 127.0.0.1:" in answer.claims["u-1"].error  # where it dialled, refused
         assert not answer.claims["u-1"].devices
     assert gone.claims["u-1"].error == ""  # never prepared: already unprepared
     assert not list((driver.spec.cdi_dir).glob("*"))
@@ -819,6 +820,21 @@ def test_a_cert_and_a_key_that_do_not_match_are_named_together(tmp_path: Path) -
 
     assert done.returncode == 2, done.stderr
     assert ": client-certificate and client-key: " in done.stderr
+
+
+def test_a_client_certificate_without_its_key_says_the_key_is_missing(tmp_path: Path) -> None:
+    subprocess.run(
+        ["openssl", "req", "-x509", "-nodes", "-newkey", "rsa:2048", "-days", "1",
+         "-subj", "/CN=u", "-keyout", str(tmp_path / "c.key"), "-out", str(tmp_path / "c.crt")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    cluster = {"server": SERVER, "insecure-skip-tls-verify": True}
+    _, done = _driver_with(tmp_path, cluster, {"client-certificate": str(tmp_path / "c.crt")})
+
+    assert done.returncode == 2, done.stderr
+    assert ": client-certificate: no client key beside it (client-key, or the key in the " in (
+        done.stderr
+    )
 
 
 def _claim(results: object, status: object = None, uid: str = "u-1", name: str = "c") -> bytes:
