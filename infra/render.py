@@ -149,6 +149,12 @@ def check_out(out: Path) -> None:
         raise OutputError(f"--out {out}: {above} is not a directory")
     if not out.is_dir():
         return
+    if not os.path.ismount(out) and not os.access(out, os.W_OK | os.X_OK):
+        # its copy would get its mode too, and the render fail inside that copy
+        raise OutputError(
+            f"--out {out}: is not writable by this user: make it writable (chmod u+w), or "
+            "name another directory"
+        )
     try:
         entries = sorted(p.name for p in out.iterdir())
     except OSError as exc:

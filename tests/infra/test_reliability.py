@@ -16,6 +16,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -1479,3 +1480,35 @@ def test_deploy_refuses_a_stack_render_refuses_before_any_pulumi_runs(tmp_path: 
     assert "Traceback" not in done.stderr
     assert "S3cretToken" not in done.stderr
     assert not calls.exists()  # no pulumi ran
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A dir any user may write in, on a path any user may walk (pytest's tmp_path is root's)."""
+    shared = Path(tempfile.mkdtemp(prefix="lingjun-shared-"))
+    shared.chmod(0o777)
+    yield shared
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_an_out_its_user_cannot_write_is_named_not_its_parent(shared_dir: Path) -> None:
+    """Run as nobody (CI runs as root, which writes anywhere): a read-only --out was said as
+    its parent being unwritable, where the render's copy of it had failed."""
+    shared = shared_dir
+    out = shared / "ro"
+    out.mkdir()
+    out.chmod(0o555)
+
+    done = subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+         sys.executable, "-m", "infra.render", "--stack", "dev", "--out", str(out)],
+        cwd=shared, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR), "HOME": str(shared)},
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"render: dev: error: --out {out}: is not writable by this user: make it writable "
+        "(chmod u+w), or name another directory"
+    ]
+    assert not [p for p in shared.iterdir() if p.name.startswith(".render-")]
