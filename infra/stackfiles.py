@@ -164,7 +164,8 @@ def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
     StackFileError in one line."""
     where = path.relative_to(PROJECT_DIR) if path.is_relative_to(PROJECT_DIR) else path
     try:
-        doc: Any = parse_yaml(read_text(path), _NAMED)
+        text = read_text(path)
+        doc: Any = parse_yaml(text, _NAMED)
     except (UnreadableError, ParseError) as exc:
         raise StackFileError(f"{where}: {exc}") from None
     if project and (not isinstance(doc, dict) or cast(dict[str, Any], doc).get("name") != PROJECT):
@@ -200,7 +201,39 @@ def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
             raise StackFileError(
                 f"{where}: config key {described(key)} is not a key (region, or namespace:key)"
             )
-    return cast(dict[str, Any], config)
+    values = cast(dict[str, Any], config)
+    if not project and any(_is_number(v) for v in values.values()):
+        written = _numbers_as_written(text)
+        values = {k: written.get(k, v) if _is_number(v) else v for k, v in values.items()}
+    return values
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _numbers_as_written(text: str) -> dict[str, str]:
+    """The stack's config values that YAML reads as numbers, as written (0x10, +5, 1e3): the
+    Pulumi CLI hands the program a value's text, which its checks then read (`16` for `0x10`
+    planned a node pool the real preview refuses)."""
+    import yaml
+
+    loader: Any = yaml.SafeLoader(text)  # parsed once already: bounded, one document
+    try:
+        top = loader.get_single_node()
+    finally:
+        loader.dispose()
+    found: dict[str, str] = {}
+    pairs: list[tuple[Any, Any]] = top.value if isinstance(top, yaml.MappingNode) else []
+    for key, value in pairs:
+        if key.value == "config" and isinstance(value, yaml.MappingNode):
+            entries: list[tuple[Any, Any]] = value.value
+            found |= {
+                str(k.value): str(v.value)
+                for k, v in entries
+                if isinstance(v, yaml.ScalarNode)  # the caller takes those read as numbers
+            }
+    return found
 
 
 def _qualify(key: str) -> str:

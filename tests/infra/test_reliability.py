@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import MAX_NODE_COUNT, StackConfig, parse
+from infra.config import MAX_NODE_COUNT, StackConfig, parse, parse_stack
 from infra.credentials import kubeconfig_credential
 from infra.images import reference_problem
 from infra.jobs import JOB_RANGES, JobSpecError, RdmaJobSpec
@@ -1512,3 +1512,21 @@ def test_an_out_its_user_cannot_write_is_named_not_its_parent(shared_dir: Path) 
         "(chmod u+w), or name another directory"
     ]
     assert not [p for p in shared.iterdir() if p.name.startswith(".render-")]
+
+
+@pytest.mark.parametrize("written", ["0x10", "+5", "0o7", "1e1"])
+def test_a_number_in_a_stack_file_reaches_the_checks_as_written(
+    tmp_path: Path, written: str
+) -> None:
+    """As the Pulumi CLI hands the program a value's text: YAML's 0x10 was planned as 16 nodes,
+    which `--set` (and the real preview) refuse."""
+    dev = (PROJECT_DIR / "stacks/Pulumi.dev.yaml").read_text()
+    counted = dev.replace("lingjunNodeCount: 2", f"lingjunNodeCount: {written}")
+    assert counted != dev
+    project = _project_copy(tmp_path, counted)
+
+    config, _ = stack_config("x", project_dir=project)
+
+    assert config["lingjun-rdma:lingjunNodeCount"] == written
+    with pytest.raises(StackConfigError, match="lingjun-rdma:lingjunNodeCount: not a whole"):
+        parse_stack(config, set())
