@@ -260,7 +260,10 @@ async def serve_http(
             writer.close()
 
     server = await asyncio.start_server(handle, host or None, port, limit=_REQUEST_MAX)
-    bound = ", ".join(f"{a[0]}:{a[1]}" for a in (s.getsockname() for s in server.sockets))
+    bound = ", ".join(
+        f"[{a[0]}]:{a[1]}" if ":" in a[0] else f"{a[0]}:{a[1]}"
+        for a in (s.getsockname() for s in server.sockets)
+    )
     logger.info("metrics and /healthz on %s", bound)  # the port the kernel chose for :0
     return server
 

@@ -92,6 +92,8 @@ def start_log(level: str) -> None:
         handler.addFilter(_OneLine())
 
 
+# What a flag's name looks like: said back when argparse does not know it (a typo).
+_FLAG = re.compile(r"--[a-z][a-z0-9-]{0,40}")
 _ARGPARSE_QUOTED = re.compile(r"(invalid [a-z_]+ value|invalid choice): '.*?'(?= \(choose|$)", re.S)
 
 # The signals that ask a program to stop.
@@ -165,11 +167,15 @@ class Parser(argparse.ArgumentParser):
         back: a password typed into the wrong flag, or `--set KEY VALUE` typed for KEY=VALUE,
         would be echoed."""
         if message.startswith("unrecognized arguments:"):
-            count = len(message.split(":", 1)[1].split())
+            given = message.split(":", 1)[1].split()
+            # a flag's name is said (a typo: --sett); a value never is, nor what follows '='
+            flags = [f for a in given if _FLAG.fullmatch(f := a.split("=", 1)[0])]
+            named = f" ({', '.join(flags[:3])} among them)" if flags else ""
             example = ", e.g. --set KEY=VALUE" if "--set" in self._option_string_actions else ""
             message = (
-                f"{count} argument(s) it does not take (not quoted back: one may be a secret); "
-                f"each flag takes its value after '=' or as the next argument{example}"
+                f"{len(given)} argument(s) it does not take{named} (values not quoted back: one "
+                f"may be a secret); each flag takes its value after '=' or as the next "
+                f"argument{example}"
             )
         else:  # argparse's "invalid float value: 'x'", "invalid choice: 'x' (choose from ...)"
             message = _ARGPARSE_QUOTED.sub(r"\1", message)

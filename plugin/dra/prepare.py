@@ -218,6 +218,8 @@ class Preparer:
                         "gives is not a DNS label (or <request>/<subrequest>), or holds the "
                         "driver's API token: not used"
                     )
+                if request in requests.get(device, []):  # the API never lists one twice
+                    raise TypeError
                 requests.setdefault(device, []).append(request)
         except (KeyError, TypeError, AttributeError):
             raise PrepareError(
@@ -324,10 +326,17 @@ class Preparer:
                 answer = self.api.call("GET", path)
                 if not isinstance(answer, dict):
                     raise KubeApiError(f"GET {path}: the answer is not a Pod")
-                found: Any = cast(dict[str, Any], answer).get("spec") or {}
+                pod_obj = cast(dict[str, Any], answer)
+                found: Any = pod_obj.get("spec") or {}
                 if not isinstance(found, dict):
                     raise KubeApiError(f"GET {path}: the answer's spec is not a mapping")
                 spec = cast(dict[str, Any], found)
+                meta: Any = pod_obj.get("metadata") or {}
+                uid = cast(dict[str, Any], meta).get("uid") if isinstance(meta, dict) else None
+                if uid != pod.get("uid"):  # made again under the name: not the claim's pod
+                    raise KubeApiError(f"GET {path}: its UID is not the one the claim names")
+                if spec.get("hostNetwork", False) not in (True, False):
+                    raise KubeApiError(f"GET {path}: its hostNetwork is not true or false")
             except KubeApiError as exc:
                 logger.warning(
                     "claim %s/%s: no NCCL settings in its spec: cannot read a pod it is "

@@ -935,7 +935,9 @@ def test_unrecognized_arguments_are_refused_without_being_echoed(tmp_path: Path)
                 cwd=tmp_path)  # fmt: skip
 
     assert done.returncode == 2
-    assert "1 argument(s) it does not take (not quoted back" in done.stderr
+    assert "1 argument(s) it does not take (--password among them) (values not quoted back" in (
+        done.stderr
+    )
     assert "e.g. --set KEY=VALUE (--help lists the flags)" in done.stderr
     assert SENTINEL not in done.stderr
 
@@ -945,9 +947,9 @@ def test_a_program_without_set_gives_no_set_example(tmp_path: Path) -> None:
 
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
-        "rdma-device-plugin: error: 1 argument(s) it does not take (not quoted back: one may be "
-        "a secret); each flag takes its value after '=' or as the next argument (--help lists "
-        "the flags)"
+        "rdma-device-plugin: error: 1 argument(s) it does not take (--bogus-flag among them) "
+        "(values not quoted back: one may be a secret); each flag takes its value after '=' or "
+        "as the next argument (--help lists the flags)"
     ]
 
 

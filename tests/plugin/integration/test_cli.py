@@ -68,7 +68,7 @@ async def test_a_rescan_interval_as_the_next_argument_is_read_as_a_value(
 async def test_an_abbreviated_flag_is_not_taken_for_the_whole(plugin: PluginProcess) -> None:
     output = await _refused(plugin, None, "--rescan=1")
 
-    assert "argument(s) it does not take" in output
+    assert "argument(s) it does not take (--rescan among them)" in output
 
 
 @pytest.mark.parametrize(

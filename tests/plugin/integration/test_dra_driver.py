@@ -855,9 +855,10 @@ def _claim(results: object, status: object = None, uid: str = "u-1", name: str =
         _claim(["a"]),
         _claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r"}]),
         _claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": 5}]),
+        _claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}] * 2),
     ],
     ids=["no-metadata", "metadata-text", "status-text", "results-mapping", "results-text",
-         "result-without-device", "device-a-number"],
+         "result-without-device", "device-a-number", "a-result-twice"],
 )  # fmt: skip
 async def test_a_claim_of_another_shape_is_that_claims_error(
     short_tmp: Path, tree: SysfsTree, body: bytes
@@ -1044,8 +1045,12 @@ async def test_a_claim_named_as_kubernetes_never_names_one_is_that_claims_error(
 @pytest.mark.parametrize(
     ("pod", "said"),
     [(b'{"spec": "x"}', "the answer's spec is not a mapping"),
-     (b'{"spec": {"hostNetwork": true}}', "the name '../p' is not a DNS subdomain")],
-    ids=["spec-text", "pod-name-a-path"],
+     (b'{"spec": {"hostNetwork": true}}', "the name '../p' is not a DNS subdomain"),
+     (b'{"metadata": {"uid": "p-2"}, "spec": {"hostNetwork": true}}',
+      "its UID is not the one the claim names"),
+     (b'{"metadata": {"uid": "p-1"}, "spec": {"hostNetwork": "true"}}',
+      "its hostNetwork is not true or false")],
+    ids=["spec-text", "pod-name-a-path", "pod-made-again", "host-network-as-text"],
 )  # fmt: skip
 async def test_a_pod_that_cannot_be_read_gives_its_claim_no_nccl_settings_and_the_claim_is_prepared(
     short_tmp: Path, tree: SysfsTree, pod: bytes, said: str
@@ -1080,14 +1085,15 @@ async def test_pods_read_past_their_bound_give_no_nccl_settings_and_the_claim_is
 ) -> None:
     """Each pod read is bounded; all of them are too (they were not: 12 pods answered in 3 s
     each kept the prepare, and every other prepare of the node, waiting 36 s)."""
-    pods = [{"resource": "pods", "name": f"p{i}", "uid": f"p-{i}"} for i in range(12)]
+    # one answer for every pod: each names the UID that answer has
+    pods = [{"resource": "pods", "name": f"p{i}", "uid": "p-any"} for i in range(12)]
     status = {
         "allocation": {"devices": {"results": [
             {"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]}},
         "reservedFor": pods,
     }  # fmt: skip
     api = OddApi(
-        short_tmp, 200, b'{"spec": {"hostNetwork": true}}',
+        short_tmp, 200, b'{"metadata": {"uid": "p-any"}, "spec": {"hostNetwork": true}}',
         by_path={"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c":
                  _claim([], status)},
         slow_under=("/api/v1/namespaces/default/pods/", POD_READS_WITHIN / 2),

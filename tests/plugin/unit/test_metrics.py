@@ -160,3 +160,12 @@ async def test_a_request_over_its_bound_is_answered_431_not_dropped() -> None:
 
     assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large")
     assert answer.endswith(b"a request's line and headers: 64 KiB at most\n")
+
+
+async def test_an_ipv6_listen_address_is_said_in_brackets(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO")
+    server = await serve_http("::1", 0, Metrics(), lambda: True)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+
+    assert f"metrics and /healthz on [::1]:{port}" in caplog.text
