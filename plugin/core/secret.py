@@ -68,11 +68,11 @@ def _encoded(raw: bytes) -> set[str]:
 
 
 def forms(secret: str) -> set[str]:
-    """The texts a message may carry the secret as, once unescaped: as is, without its
-    separators, reversed, ROT13; hex, base64 and base32 of each of those but the second, and of
-    the secret's UTF-16 (.NET's and PowerShell's encoding) too."""
+    """The texts a message may carry the secret as, once unescaped: as is, reversed, ROT13;
+    hex, base64 and base32 of each, and of the secret's UTF-16 (.NET's and PowerShell's
+    encoding) too."""
     reverse, rot13 = secret[::-1], codecs.encode(secret, "rot13")
-    found = {secret, "".join(c for c in secret if c.isalnum()), reverse, rot13}
+    found = {secret, reverse, rot13}
     for raw in (
         secret.encode(),
         secret.encode("utf-16-le"),
@@ -102,18 +102,17 @@ class Mask:
             else None
         )
         every = forms(secret) if secret and not self._short else set[str]()
-        # each run of RUN characters (ASCII, lower case) as a 64-bit number, sorted: 8 bytes a
-        # run (as a set of strings, a service account's token took 1.2 MB)
-        self._runs = array("Q", sorted({
-            int.from_bytes(_folded(f[i : i + RUN]).encode(), "big")
-            for f in every if f.isascii() for i in range(len(f) - RUN + 1)
-        }))  # fmt: skip
+        self._runs = _runs(every)
         # the characters a form is written with: anything else between them (a space, a dot
         # a proxy put there) is skipped when runs are looked for
         self._alphabet = frozenset(_folded("".join(every)))
+        # and the token and its reverse by their letters and digits alone, whatever separates
+        # them (`_` for `-`)
+        bare = {_bare(secret), _bare(secret[::-1])} if every and secret else set[str]()
+        self._bare_runs = _runs(bare)
 
     def __call__(self, text: str) -> str:
-        if self._short is None and not self._runs:
+        if self._short is None and not self._runs:  # no token
             return text
         if len(text) > TEXT_MAX:  # no message is that long: what is said of it is cut anyway
             text = f"{text[:TEXT_MAX]}… ({len(text)} characters)"
@@ -134,29 +133,46 @@ class Mask:
         low = _folded(plain)
         if self._short is not None:
             return [(m.start(), m.end()) for m in self._short.finditer(low)]
-        kept = [i for i, c in enumerate(low) if c in self._alphabet]
-        compact = "".join(low[i] for i in kept)
-        covered = [False] * len(compact)
-        for at in range(len(compact) - RUN + 1):
-            if self._is_run(compact[at : at + RUN]):
-                covered[at : at + RUN] = [True] * RUN
+        covered = _covered(low, self._alphabet, self._runs) | _covered(
+            low, frozenset(string.ascii_lowercase + string.digits), self._bare_runs
+        )
         spans: list[tuple[int, int]] = []
-        for at, hit in enumerate(covered):
-            if not hit:
-                continue
-            start, end = kept[at], kept[at] + 1
-            if spans and not any(c in self._alphabet for c in low[spans[-1][1] : start]):
-                spans[-1] = (spans[-1][0], end)  # the same run, spaced out
+        for at in sorted(covered):
+            if spans and not any(c.isalnum() for c in low[spans[-1][1] : at]):
+                spans[-1] = (spans[-1][0], at + 1)  # the same run, spaced out
             else:
-                spans.append((start, end))
+                spans.append((at, at + 1))
         return spans
 
-    def _is_run(self, window: str) -> bool:
+
+def _bare(text: str) -> str:
+    return "".join(c for c in text if c.isalnum())
+
+
+def _runs(texts: set[str]) -> array[int]:
+    """Each run of RUN characters (ASCII, folded) of `texts` as a 64-bit number, sorted: 8 bytes
+    a run (as a set of strings, a service account's token took 1.2 MB)."""
+    return array("Q", sorted({
+        int.from_bytes(_folded(t[i : i + RUN]).encode(), "big")
+        for t in texts if t.isascii() for i in range(len(t) - RUN + 1)
+    }))  # fmt: skip
+
+
+def _covered(low: str, alphabet: frozenset[str], runs: array[int]) -> set[int]:
+    """The places of `low` that are in a run of `runs`, once what is not in `alphabet` (what
+    separates the run's characters) is skipped."""
+    kept = [i for i, c in enumerate(low) if c in alphabet]
+    compact = "".join(low[i] for i in kept)
+    covered: set[int] = set()
+    for at in range(len(compact) - RUN + 1):
+        window = compact[at : at + RUN]
         if not window.isascii():
-            return False
+            continue
         key = int.from_bytes(window.encode(), "big")
-        at = bisect_left(self._runs, key)
-        return at < len(self._runs) and self._runs[at] == key
+        found = bisect_left(runs, key)
+        if found < len(runs) and runs[found] == key:
+            covered.update(kept[at : at + RUN])
+    return covered
 
 
 class MaskedLog(logging.Filter):

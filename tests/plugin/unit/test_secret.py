@@ -50,13 +50,16 @@ def _b64(text: str) -> str:
         f"echo {base64.b64encode(TOKEN.encode('utf-16-le')).decode()}",
         f"echo {TOKEN.replace('-', '')}",
         "echo " + "".join(c + "\u0301" for c in TOKEN),
+        f"echo {TOKEN[::-1].replace('-', '_')}",
+        f"echo {TOKEN.replace('-', '.')}",
     ],
     ids=["raw", "upper-case", "base64", "base64-of-bearer", "base64-of-the-header",
          "base64-offset-1", "urlsafe-base64-offset-2", "hex", "hex-upper", "percent-twice",
          "html-entities", "html-entity-dash", "json-escapes", "backslash-x", "cut-short",
          "a-middle-part", "spaced-out", "full-width", "reversed", "rot13", "utf-16-hex",
          "base64-cut-short", "base64-of-its-reverse", "base32", "base32-of-the-header",
-         "base64-of-utf-16", "separators-removed", "an-accent-on-each-letter"],
+         "base64-of-utf-16", "separators-removed", "an-accent-on-each-letter",
+         "reversed-with-other-separators", "other-separators"],
 )  # fmt: skip
 def test_the_token_in_any_encoding_a_peer_may_echo_is_masked(said: str) -> None:
     masked = Mask(TOKEN)(said)
