@@ -300,12 +300,23 @@ class KubeApi:
         data = None if body is None else json.dumps(body).encode()
         conn = self._connection(_TIMEOUT)
         started = time.monotonic()
+        # a server that takes the connection and then says nothing (no TLS handshake, no
+        # status line) is said while it is waited for, not only when the wait ends
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        said = "%s %s: %s:%d has not answered after %gs: waiting up to %gs in all"
+        silent = threading.Timer(
+            _SLOW, lambda: logger.warning(said, method, path, host, self.port, _SLOW, _TIMEOUT)
+        )
+        silent.daemon = True
+        silent.start()
         try:
             response = self._request(conn, method, path, query, data, content_type)
+            silent.cancel()
             text = _body(response, f"{method} {path}", started).decode(errors="replace")
         except (OSError, http.client.HTTPException) as exc:
             raise KubeApiError(f"{method} {path}: {self._failed(exc)}") from None
         finally:
+            silent.cancel()
             conn.close()
         if response.status >= 300:
             raise self._refused(method, path, response, text)

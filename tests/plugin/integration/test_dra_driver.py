@@ -1401,6 +1401,32 @@ async def test_a_stale_spec_of_ours_is_written_again(short_tmp: Path, tree: Sysf
     assert json.loads(path.read_text()) == _good(driver)["spec"]
 
 
+async def test_a_silent_api_server_is_said_while_it_is_waited_for(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    """It takes the connection and never starts TLS: said after 5 s, not only at the 15 s
+    timeout."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True).start()
+    port = silent.getsockname()[1]
+    driver = Driver(short_tmp, tree, f"https://127.0.0.1:{port}")
+    await driver.start()
+    said = f"127.0.0.1:{port} has not answered after 5s: waiting up to 15s in all"
+    try:
+        for _ in range(100):
+            if said in driver.log.read_text():
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        assert await driver.stop() == 0
+        silent.close()
+        for connection in held:
+            connection.close()
+
+    assert said in driver.log.read_text()
+
+
 async def test_a_stop_during_a_prepare_waiting_on_a_silent_api_server_is_prompt_and_clean(
     short_tmp: Path, tree: SysfsTree
 ) -> None:
