@@ -161,11 +161,11 @@ def check_out(out: Path) -> None:
         raise OutputError(f"--out {out}: {exc.strerror}") from None
     if not entries:
         return
-    written = _written(out) if MARKER in entries else {}
-    if MARKER in entries and not written:  # then every file would be named as someone's
+    written = _listed(out) if MARKER in entries else {}
+    if isinstance(written, str):  # else every file would be named as someone's
         raise OutputError(
-            f"--out {out}: its {MARKER} {_not_a_list(out)}, so nothing there is known to be a "
-            "render's: move the files away, or name a new or empty directory"
+            f"--out {out}: its {MARKER} {written}, so nothing there is known to be a render's: "
+            "move the files away, or name a new or empty directory"
         )
     ours = {MARKER}
     foreign = [
@@ -181,37 +181,33 @@ def check_out(out: Path) -> None:
 
 def _written(out: Path) -> dict[str, list[object]]:
     """What the render that made `out` wrote there: name -> [size, sha256]; {} when unknown."""
-    try:
-        data: object = json.loads(read_text(out / MARKER))
-    except (UnreadableError, ValueError, RecursionError):  # RecursionError: nested too deep
-        return {}
-    files = cast(dict[str, object], data).get("files") if isinstance(data, dict) else None
-    if not isinstance(files, dict):
-        return {}
-    listed = cast(dict[object, list[object]], files)
-    # a list naming anything else is not one a render wrote: nothing it names is ever deleted
-    if not listed or not all(_is_render_name(n) for n in listed):
-        return {}
-    return cast(dict[str, list[object]], listed)
+    listed = _listed(out)
+    return {} if isinstance(listed, str) else listed
 
 
-def _not_a_list(out: Path) -> str:
-    """Why `out`'s MARKER is no list a render wrote (`_written` found none)."""
+def _listed(out: Path) -> dict[str, list[object]] | str:
+    """`out`'s MARKER as a render writes it, or why it is none."""
     try:
         data: object = json.loads(read_text(out / MARKER))
     except UnreadableError as exc:
         return f"cannot be read ({exc})"
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
         return "is not JSON"
     files = cast(dict[str, object], data).get("files") if isinstance(data, dict) else None
     if not isinstance(files, dict) or not files:
         return "lists no files"
-    odd = next(n for n in cast(dict[object, object], files) if not _is_render_name(n))
-    return f"names {shown(odd)}, a file a render never writes"
+    listed = cast(dict[object, list[object]], files)
+    # a list naming anything else is not one a render wrote: nothing it names is ever deleted
+    odd = [n for n in listed if not (isinstance(n, str) and _RENDER_NAME.fullmatch(n))]
+    if odd:
+        return f"names {shown(odd[0])}, a file a render never writes"
+    return cast(dict[str, list[object]], listed)
 
 
-def _is_render_name(name: object) -> bool:
-    return isinstance(name, str) and _RENDER_NAME.fullmatch(name) is not None
+def _text_digest(text: str) -> list[object]:
+    """[size, sha256] of what a render writes for `text`, as `_digest` reads it back."""
+    data = text.encode()
+    return [len(data), hashlib.sha256(data).hexdigest()]
 
 
 def _digest(path: Path) -> list[object] | None:
@@ -288,7 +284,7 @@ def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any
         for name, manifest in zip(names, objects, strict=True)
     }
     texts["plan.md"] = plan_markdown(stack, result, names)
-    files = {n: [len(t.encode()), hashlib.sha256(t.encode()).hexdigest()] for n, t in texts.items()}
+    files = {name: _text_digest(text) for name, text in texts.items()}
     marker = {"writer": f"python -m infra.render --stack {stack}", "files": files}
     texts[MARKER] = json.dumps(marker, indent=1, sort_keys=True) + "\n"  # last: it lists the rest
     try:
@@ -371,8 +367,7 @@ def _undo_in_place(out: Path, texts: dict[str, str], old: dict[str, list[object]
     list names what is left of the previous render, unchanged. Nothing else is touched, and the
     next render finds a render's directory, not files no list names."""
     for name, text in texts.items():
-        data = text.encode()
-        if name != MARKER and _digest(out / name) == [len(data), hashlib.sha256(data).hexdigest()]:
+        if name != MARKER and _digest(out / name) == _text_digest(text):
             (out / name).unlink()
     left = {n: d for n, d in old.items() if _digest(out / n) == d}
     with contextlib.suppress(OSError):  # space was freed above; if not, the list stays stale

@@ -28,7 +28,7 @@ from typing import Any, TypeVar, cast
 from urllib.parse import urlencode, urlsplit
 
 from plugin.core.secret import Mask
-from plugin.core.terminal import one_line
+from plugin.core.terminal import host_port, one_line
 from plugin.core.userfiles import (
     ParseError,
     UnreadableError,
@@ -135,6 +135,10 @@ class KubeApi:
     context: ssl.SSLContext
     token: str | None = None
     prefix: str = ""  # the server URL's path
+
+    @property
+    def address(self) -> str:
+        return host_port(self.host, self.port)
 
     @cached_property
     def mask(self) -> Mask:
@@ -302,10 +306,9 @@ class KubeApi:
         started = time.monotonic()
         # a server that takes the connection and then says nothing (no TLS handshake, no
         # status line) is said while it is waited for, not only when the wait ends
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        said = "%s %s: %s:%d has not answered after %gs: waiting up to %gs in all"
+        said = "%s %s: %s has not answered after %gs: waiting up to %gs in all"
         silent = threading.Timer(
-            _SLOW, lambda: logger.warning(said, method, path, host, self.port, _SLOW, _TIMEOUT)
+            _SLOW, lambda: logger.warning(said, method, path, self.address, _SLOW, _TIMEOUT)
         )
         silent.daemon = True
         silent.start()
@@ -363,8 +366,7 @@ class KubeApi:
                 f"the server's host {self.host} does not resolve ({exc.strerror}): fix the server"
             )
         if isinstance(exc, OSError):  # refused, unreachable, timed out
-            host = f"[{self.host}]" if ":" in self.host else self.host
-            return f"{host}:{self.port}: {exc}"
+            return f"{self.address}: {exc}"
         return exc
 
     def _connection(self, timeout: float) -> http.client.HTTPSConnection:

@@ -10,6 +10,8 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Literal
 
+from plugin.core.terminal import host_port
+
 logger = logging.getLogger(__name__)
 
 # The Prometheus text exposition format, version 0.0.4, written here: ten families of counters and
@@ -260,10 +262,7 @@ async def serve_http(
             writer.close()
 
     server = await asyncio.start_server(handle, host or None, port, limit=_REQUEST_MAX)
-    bound = ", ".join(
-        f"[{a[0]}]:{a[1]}" if ":" in a[0] else f"{a[0]}:{a[1]}"
-        for a in (s.getsockname() for s in server.sockets)
-    )
+    bound = ", ".join(host_port(*s.getsockname()[:2]) for s in server.sockets)
     logger.info("metrics and /healthz on %s", bound)  # the port the kernel chose for :0
     return server
 

@@ -65,6 +65,11 @@ def one_line(text: str, limit: int = PEER_TEXT_MAX, *, keep_end: bool = False) -
     return escaped(text)
 
 
+def host_port(host: str, port: int) -> str:
+    """An address as a message says it: an IPv6 host in brackets (`[::1]:443`)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def escaped(text: str) -> str:
     """`text` with its control characters escaped (`\\n`): one line, whatever it holds."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)

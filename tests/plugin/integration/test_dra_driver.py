@@ -932,23 +932,16 @@ async def test_a_prepared_uid_asked_for_under_another_name_is_read_as_named(
     await driver.start()
     try:
         first = await _prepare(driver, "u-1")
-        target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
-        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
-            again = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
-                v1.NodePrepareResourcesRequest(
-                    claims=[v1.Claim(namespace="default", uid="u-1", name="c2")]
-                ),
-                timeout=30,
-            )
+        again = await _prepare(driver, "u-1", "c2")
     finally:
         assert await driver.stop() == 0
         api.close()
 
     assert first.error == ""
-    assert again.claims["u-1"].error == (
+    assert again.error == (
         "claim default/c2 has UID 'u-c2', not u-1: it was deleted and made again"
     )
-    assert not again.claims["u-1"].devices
+    assert not again.devices
 
 
 async def test_an_answer_for_another_claim_of_the_same_uid_is_not_used(
@@ -1158,11 +1151,23 @@ async def _prepared_against(
         api.close()
 
 
-async def _prepare(driver: Driver, uid: str) -> v1.NodePrepareResourceResponse:
+async def _prepare(driver: Driver, uid: str, name: str = "c") -> v1.NodePrepareResourceResponse:
     target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
     async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
         answer = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
             v1.NodePrepareResourcesRequest(
+                claims=[v1.Claim(namespace="default", uid=uid, name=name)]
+            ),
+            timeout=30,
+        )
+    return answer.claims[uid]
+
+
+async def _unprepare(driver: Driver, uid: str) -> v1.NodeUnprepareResourceResponse:
+    target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
+    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+        answer = await v1_grpc.DRAPluginStub(channel).NodeUnprepareResources(
+            v1.NodeUnprepareResourcesRequest(
                 claims=[v1.Claim(namespace="default", uid=uid, name="c")]
             ),
             timeout=30,
@@ -1361,21 +1366,14 @@ async def test_what_is_not_our_spec_where_a_claims_spec_goes_is_that_claims_erro
     await driver.start()
     try:
         answer = await _prepare(driver, "u-1")
-        target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
-        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
-            unprepared = await v1_grpc.DRAPluginStub(channel).NodeUnprepareResources(
-                v1.NodeUnprepareResourcesRequest(
-                    claims=[v1.Claim(namespace="default", uid="u-1", name="c")]
-                ),
-                timeout=30,
-            )
+        unprepared = await _unprepare(driver, "u-1")
     finally:
         assert await driver.stop() == 0
         api.close()
 
     assert said in answer.error
     assert not answer.devices
-    assert unprepared.claims["u-1"].error == ""  # the claim is done with: the kubelet moves on
+    assert unprepared.error == ""  # the claim is done with: the kubelet moves on
     # kept as it was, by the prepare and by the unprepare
     kind = path.lstat().st_mode
     assert {"dir": stat.S_ISDIR, "fifo": stat.S_ISFIFO, "notes": stat.S_ISREG}[there](kind)
