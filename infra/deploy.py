@@ -52,8 +52,9 @@ from infra.interrupt import children, deferred, descendants
 from infra.keys import PROJECT, PROJECT_DIR, StackConfigError
 from infra.program import run as program
 from infra.stackfiles import StackFileError, find_stack_file, stack_config, stack_name
+from plugin.core.secret import Mask, hold, masked
 from plugin.core.terminal import STOPS, Parser, one_line, say
-from plugin.core.userfiles import described
+from plugin.core.userfiles import UnreadableError, described, read_text
 
 ACTIONS = ("preview", "up", "refresh", "destroy")
 
@@ -90,7 +91,7 @@ def _out(line: str) -> None:
     is dropped: the engine's operation goes on, and the end says the output was lost."""
     _last_output[0] = time.monotonic()
     try:
-        print(line, flush=True)
+        print(masked(line), flush=True)
     except (OSError, ValueError) as exc:  # ValueError: stdout closed
         if not _lost_output:
             _lost_output.append(str(getattr(exc, "strerror", None) or exc))
@@ -385,6 +386,18 @@ def check_project(project_dir: Path, stack: str) -> None:
         raise DeployError(str(exc)) from None
 
 
+def _engine_secrets() -> list[str]:
+    """What the engine's output must never show, though a CLI or plugin may print its
+    environment: the stack's passphrase (as set, or in its file) and the backend's token."""
+    found = [
+        os.environ.get(name, "") for name in ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_ACCESS_TOKEN")
+    ]
+    if path := os.environ.get("PULUMI_CONFIG_PASSPHRASE_FILE"):
+        with contextlib.suppress(UnreadableError):  # the CLI says why it cannot read it
+            found.append(read_text(Path(path)).strip())
+    return found
+
+
 def _bytes(path: Path) -> bytes | None:
     try:
         return path.read_bytes()
@@ -407,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     threading.excepthook = _quiet_output_readers
+    hold(Mask(*_engine_secrets(), label="[secret]"))  # Pulumi's own word for a masked value
     try:
         check_project(args.project_dir, args.stack)
         pulumi = pulumi_cli()
@@ -437,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         stderr = rest.rpartition("\n stderr: ")[2].strip().splitlines()
         say(f"deploy: {args.action} --stack {args.stack}: failed ({code.strip()})")
         for line in stderr[-_STDERR_LINES:]:
-            say(one_line(line, 1000, keep_end=True))
+            say(one_line(masked(line), 1000, keep_end=True))
         return 1
     except (RuntimeError, ValueError) as exc:  # the Automation API reading what pulumi said
         say(

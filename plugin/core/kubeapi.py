@@ -181,8 +181,7 @@ class KubeApi:
                 raise TypeError
             user = cast(dict[str, Any], found)
         except (KeyError, TypeError, AttributeError):
-            for token in _tokens(config):  # a token pasted where a name goes is not said back
-                step = Mask(token)(step)
+            step = Mask(*_tokens(config))(step)  # a token pasted where a name goes is not said
             raise CredentialsError(
                 f"--kubeconfig {path}: {step}: not there, or not as a kubeconfig has it: "
                 "`kubectl config view --minify` shows what it holds"

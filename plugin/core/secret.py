@@ -1,7 +1,8 @@
-"""The one secret the plugin holds, its API token, masked wherever it may say a peer's words:
-every log line, every answer to the kubelet, every Event. A peer may echo the token back (a proxy
-quoting the Authorization header, a claim or pod named after it, a device ID), raw or encoded,
-whole or cut short: each way a message here can carry it is masked, not just the raw text."""
+"""The secrets a process holds (the plugin its API token, deploy the stack's passphrase), masked
+wherever it says a peer's words: every log line, every answer to the kubelet, every Event, every
+line of the engine's output. A peer may echo a secret back (a proxy quoting the Authorization
+header, a claim or pod named after it, a device ID, a CLI printing its environment), raw or
+encoded, whole or cut short: each way a message can carry it is masked, not just the raw text."""
 
 from __future__ import annotations
 
@@ -90,29 +91,32 @@ def _folded(text: str) -> str:
 
 
 class Mask:
-    """Any run of `RUN` characters or more of the token, or of one of its forms, in any letter
-    case, even spaced out: masked. A token shorter than `RUN` is masked where it is a word of
-    its own. No token: texts are kept as they are."""
+    """Any run of `RUN` characters or more of a secret, or of one of its forms, in any letter
+    case, even spaced out: masked by `label`. A secret shorter than `RUN` is masked where it is
+    a word of its own. No secret: texts are kept as they are."""
 
-    def __init__(self, secret: str | None) -> None:
+    def __init__(self, *secrets: str | None, label: str = MASK) -> None:
+        self._label = label
+        given = {s for s in secrets if s}
         # a short one as a word of its own: a token "t" is not every t of a message
+        short = sorted(s for s in given if len(s) < RUN)
         self._short = (
-            re.compile(rf"(?<!\w){re.escape(_folded(secret))}(?!\w)")
-            if secret and len(secret) < RUN
+            re.compile("|".join(rf"(?<!\w){re.escape(_folded(s))}(?!\w)" for s in short))
+            if short
             else None
         )
-        every = forms(secret) if secret and not self._short else set[str]()
+        long = [s for s in given if len(s) >= RUN]
+        every = set[str]().union(*(forms(s) for s in long))
         self._runs = _runs(every)
         # the characters a form is written with: anything else between them (a space, a dot
         # a proxy put there) is skipped when runs are looked for
         self._alphabet = frozenset(_folded("".join(every)))
-        # and the token and its reverse by their letters and digits alone, whatever separates
+        # and each secret and its reverse by their letters and digits alone, whatever separates
         # them (`_` for `-`)
-        bare = {_bare(secret), _bare(secret[::-1])} if every and secret else set[str]()
-        self._bare_runs = _runs(bare)
+        self._bare_runs = _runs({_bare(t) for s in long for t in (s, s[::-1])})
 
     def __call__(self, text: str) -> str:
-        if self._short is None and not self._runs:  # no token
+        if self._short is None and not self._runs:  # no secret
             return text
         if len(text) > TEXT_MAX:  # no message is that long: what is said of it is cut anyway
             text = f"{text[:TEXT_MAX]}… ({len(text)} characters)"
@@ -123,19 +127,19 @@ class Mask:
         out: list[str] = []
         at = 0
         for start, end in spans:
-            out += [plain[at:start], MASK]
+            out += [plain[at:start], self._label]
             at = end
         # decoded, the text may hold a control character that was escaped as it came
         return escaped("".join(out) + plain[at:])
 
     def _spans(self, plain: str) -> list[tuple[int, int]]:
-        """The parts of `plain` that are the token: sorted, apart from each other."""
+        """The parts of `plain` that are a secret: sorted, apart from each other."""
         low = _folded(plain)
-        if self._short is not None:
-            return [(m.start(), m.end()) for m in self._short.finditer(low)]
         covered = _covered(low, self._alphabet, self._runs) | _covered(
             low, frozenset(string.ascii_lowercase + string.digits), self._bare_runs
         )
+        if self._short is not None:
+            covered.update(i for m in self._short.finditer(low) for i in range(*m.span()))
         spans: list[tuple[int, int]] = []
         for at in sorted(covered):
             if spans and not any(c.isalnum() for c in low[spans[-1][1] : at]):
@@ -192,11 +196,11 @@ class MaskedLog(logging.Filter):
         return True
 
 
-_held = Mask(None)
+_held = Mask()
 
 
 def hold(mask: Mask) -> None:
-    """The process's token from now on (set once, at start, by a front end): masked in every
+    """The process's secrets from now on (set once, at start, by a front end): masked in every
     handler of its log and by `masked`."""
     global _held
     _held = mask
@@ -205,6 +209,6 @@ def hold(mask: Mask) -> None:
 
 
 def masked(text: str) -> str:
-    """`text` with the process's token masked: for what is said to a peer (the kubelet's
-    answers, Events)."""
+    """`text` with the process's secrets masked: for what is said to a peer (the kubelet's
+    answers, Events) or relayed from one (the engine's output)."""
     return _held(text)

@@ -101,8 +101,9 @@ def start_log(level: str) -> None:
 _FLAG = re.compile(r"--[a-z][a-z0-9-]{0,40}")
 _ARGPARSE_QUOTED = re.compile(r"(invalid [a-z_]+ value|invalid choice): '.*?'(?= \(choose|$)", re.S)
 
-# The signals that ask a program to stop.
-STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# The signals that ask a program to stop. SIGUSR1/2 mean nothing here, and by their default
+# they killed a program silently, leaving its socket behind: a clean stop instead.
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def exit_on_signals(prog: str, before: str = "") -> None:

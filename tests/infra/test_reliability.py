@@ -1109,6 +1109,41 @@ def test_a_stop_during_the_engine_is_said_at_once_and_a_second_stop_kills_it(
     assert "deploy: killed `pulumi`" in stderr
 
 
+@pytest.mark.parametrize("given", ["env", "file"])
+def test_the_stacks_passphrase_and_token_are_masked_in_what_the_engine_says(
+    tmp_path: Path, given: str
+) -> None:
+    """A CLI or a plugin that prints its environment (a debug flag, a crash dump) must not put
+    the stack's passphrase or the backend's token on the terminal or in a CI log."""
+    passphrase, token = "correct horse battery staple", "pul-0123456789abcdef0123456789abcdef"
+    script = (
+        '#!/bin/sh\nif [ "$1" = version ]; then echo v3.277.0; exit 0; fi\n'
+        'case "$*" in *preview*) ;; *) exit 0;; esac\n'  # the stack is selected
+        'p="$PULUMI_CONFIG_PASSPHRASE$(cat "$PULUMI_CONFIG_PASSPHRASE_FILE" 2>/dev/null)"\n'
+        'echo "{\\"env\\": \\"$p\\"}"; printf "$PULUMI_ACCESS_TOKEN" | base64\n'
+        'echo "error: passphrase is $p" >&2; exit 3\n'
+    )
+    path = _fake_pulumi(tmp_path / "bin", script)
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path, "PULUMI_ACCESS_TOKEN": token}
+    if given == "env":
+        env["PULUMI_CONFIG_PASSPHRASE"] = passphrase
+    else:
+        (tmp_path / "phrase").write_text(passphrase + "\n")
+        env["PULUMI_CONFIG_PASSPHRASE_FILE"] = str(tmp_path / "phrase")
+
+    done = subprocess.run(
+        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, done.stderr
+    assert "error: passphrase is [secret]" in done.stderr
+    assert "battery" not in said
+    assert base64.b64encode(token.encode()).decode()[:12] not in said
+    assert said.count("[secret]") >= 3
+
+
 @pytest.mark.parametrize(
     "answer",
     ["exit 0\n", "printf '\\377\\376 not utf-8\\n'; exit 0\n"],

@@ -210,8 +210,8 @@ async def test_sigterm_removes_its_socket_and_exits_zero(
     assert (plugin_dir / "kubelet.sock").exists(), "only its own socket is removed"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
-async def test_sighup_and_sigint_stop_it_like_sigterm(
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2])
+async def test_other_stop_signals_stop_it_like_sigterm(
     kubelet: KubeletPeer, plugin: PluginProcess, plugin_dir: Path, sig: int
 ) -> None:
     await plugin.start()

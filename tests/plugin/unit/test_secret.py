@@ -97,6 +97,14 @@ def test_a_short_token_is_masked_as_a_word_of_its_own_only() -> None:
     assert Mask("ab")("ab and YWI and abc") == f"{MASK} and YWI and abc"
 
 
+def test_several_secrets_long_and_short_are_each_masked_by_the_label_given() -> None:
+    mask = Mask(TOKEN, "pw", None, JWT, label="[secret]")
+
+    said = mask(f"env: A={TOKEN.upper()} B=pw C={JWT[::-1]} D=pwd")
+
+    assert said == "env: A=[secret] B=[secret] C=[secret] D=pwd"
+
+
 def test_a_log_record_is_masked_with_its_arguments_and_traceback() -> None:
     record = logging.LogRecord("x", logging.WARNING, "f", 1, "claim %s: %s", ("c", TOKEN), None)
     try:
