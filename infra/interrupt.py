@@ -1,4 +1,4 @@
-"""Ctrl-C, SIGTERM and SIGHUP in the infra commands: one line, and exit 128+n, wherever they land:
+"""Ctrl-C and the other stop signals (terminal.STOPS) in the infra commands: one line, and exit 128+n, wherever they land:
 in the imports (Pulumi's SDKs are most of a short run), in the work (which unwinds, removing
 what it half wrote), in an asyncio loop (deferred to its end), or in a callback that swallows
 the exception (remembered and said at the exit). Imported first by a command run as a
@@ -33,10 +33,12 @@ def guard(main: Callable[[], int], *, on_signal: Callable[[int], None] | None = 
 
     def interrupt(signum: int, frame: object) -> None:
         global _received
-        _received = signum
+        first = _received is None
+        if first:  # a burst: the first signal is said and decides the exit code
+            _received = signum
         if on_signal is not None:
             on_signal(signum)
-        if not _deferring:
+        if first and not _deferring:
             raise KeyboardInterrupt
 
     for sig in STOPS:

@@ -101,9 +101,11 @@ def start_log(level: str) -> None:
 _FLAG = re.compile(r"--[a-z][a-z0-9-]{0,40}")
 _ARGPARSE_QUOTED = re.compile(r"(invalid [a-z_]+ value|invalid choice): '.*?'(?= \(choose|$)", re.S)
 
-# The signals that ask a program to stop. SIGUSR1/2 mean nothing here, and by their default
-# they killed a program silently, leaving its socket behind: a clean stop instead.
-STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+# The signals that ask a program to stop. SIGQUIT (Ctrl-\) and SIGUSR1/2 mean nothing more
+# here, and by their default they killed a program silently, leaving its socket behind.
+STOPS = (
+    signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+)  # fmt: skip
 
 
 def exit_on_signals(prog: str, before: str = "") -> None:
@@ -111,7 +113,12 @@ def exit_on_signals(prog: str, before: str = "") -> None:
     (a signal's own default is a silent death, SIGINT's a traceback). `before` says what it
     had not yet done, e.g. "before serving"."""
 
+    stopping: list[int] = []
+
     def stop(signum: int, frame: object) -> None:
+        if stopping:  # a burst: the first signal is said and decides the exit code
+            return
+        stopping.append(signum)
         say(f"{prog}: stopped by {signal.Signals(signum).name}" + (f" {before}" if before else ""))
         raise SystemExit(128 + signum)
 

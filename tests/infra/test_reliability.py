@@ -1284,6 +1284,28 @@ def test_a_read_only_mount_point_as_out_says_so(mounted_out: Path, tmp_path: Pat
     ]
 
 
+def test_a_burst_of_different_stop_signals_is_one_line_and_the_first_ones_code(
+    tmp_path: Path,
+) -> None:
+    """Each signal of a burst said its own line, and a later one's SystemExit escaped as a
+    traceback from inside the import machinery."""
+    for _ in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "infra.render", "--stack", "dev", "--out", "out"],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        _handling_signals(proc)
+        for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGINT):
+            proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+
+        assert 128 < proc.returncode < 160, stderr
+        assert stderr.splitlines() == [
+            f"render: stopped by {signal.Signals(proc.returncode - 128).name}"
+        ]
+
+
 def test_after_the_work_a_stop_signal_is_ignored_not_left_to_finalization(tmp_path: Path) -> None:
     # The interpreter's finalization puts SIG_DFL back for a handler written in Python: a
     # SIGTERM then, with the render written, killed it silently (-15). Ignored, it exits 0.

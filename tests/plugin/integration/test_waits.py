@@ -253,6 +253,28 @@ async def test_a_hangup_while_waiting_for_the_lock_is_one_line(
         await second.close()
 
 
+async def test_a_burst_of_different_stop_signals_while_waiting_is_one_line(
+    kubelet: KubeletPeer, plugin: PluginProcess, short_tmp: Path
+) -> None:
+    """Each signal of a burst said its own line (and, once, an interpreter dump with exit 1)."""
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+    second = plugin.twin(short_tmp / "second")
+    await second.start()
+    try:
+        await second.said("waiting for it to stop")
+        assert second.proc is not None
+        for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
+            second.proc.send_signal(sig)
+        code = await second.wait()
+
+        stops = [line for line in second.output().splitlines() if "stopped by" in line]
+        (stop,) = stops
+        assert stop.endswith(f"stopped by {signal.Signals(code - 128).name} before serving")
+    finally:
+        await second.close()
+
+
 class _HungKubelet(api_pb2_grpc.RegistrationServicer):
     async def Register(
         self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
