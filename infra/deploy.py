@@ -53,7 +53,7 @@ from infra.keys import PROJECT, PROJECT_DIR, StackConfigError
 from infra.program import run as program
 from infra.stackfiles import StackFileError, find_stack_file, stack_config, stack_name
 from plugin.core.secret import Mask, hold, masked
-from plugin.core.terminal import STOPS, Parser, one_line, say
+from plugin.core.terminal import STOPS, Parser, escaped, one_line, say, write_stdout
 from plugin.core.userfiles import UnreadableError, described, read_text
 
 ACTIONS = ("preview", "up", "refresh", "destroy")
@@ -91,7 +91,7 @@ def _out(line: str) -> None:
     is dropped: the engine's operation goes on, and the end says the output was lost."""
     _last_output[0] = time.monotonic()
     try:
-        print(masked(line), flush=True)
+        write_stdout(escaped(masked(line)) + "\n")
     except (OSError, ValueError) as exc:  # ValueError: stdout closed
         if not _lost_output:
             _lost_output.append(str(getattr(exc, "strerror", None) or exc))

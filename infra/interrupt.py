@@ -1,8 +1,8 @@
-"""Ctrl-C and the other stop signals (terminal.STOPS) in the infra commands: one line, and exit 128+n, wherever they land:
-in the imports (Pulumi's SDKs are most of a short run), in the work (which unwinds, removing
-what it half wrote), in an asyncio loop (deferred to its end), or in a callback that swallows
-the exception (remembered and said at the exit). Imported first by a command run as a
-program."""
+"""Ctrl-C and the other stop signals (terminal.STOPS) in the infra commands: one line, and exit
+128+n of the first, wherever they land: in the imports (Pulumi's SDKs are most of a short run), in
+the work (which unwinds, removing what it half wrote), in an asyncio loop (deferred to its end),
+or in a callback that swallows the exception (remembered and said at the exit). Imported first by
+a command run as a program."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ from infra.offline import (
 )
 from infra.stackfiles import StackFileError, stack_config, stack_name
 from plugin.config import ConfigError
-from plugin.core.terminal import Parser, one_line, say
+from plugin.core.terminal import Parser, one_line, say, write_stdout
 from plugin.core.userfiles import (
     MAX_FILE_BYTES,
     UnreadableError,
@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     wrote = f"render: {stack}: wrote {len(files)} files to {one_line(str(args.out))}"
     try:
-        print(wrote, flush=True)
+        write_stdout(wrote + "\n")
     except OSError as exc:  # the render is done: only its report could not be printed
         say(f"{wrote} (stdout: {exc.strerror or exc})")
     return 0

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 # Tests that cannot run here must say which optional peer is missing, with this prefix;
@@ -30,3 +35,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         )
         for line in _bad_skips:
             terminalreporter.write_line(f"  {line}", red=True)
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A dir any user may write in, on a path any user may walk (pytest's tmp_path is root's):
+    for what must run as `nobody` (CI runs as root, which reads and writes anywhere)."""
+    shared = Path(tempfile.mkdtemp(prefix="lingjun-shared-"))
+    shared.chmod(0o777)
+    yield shared
+    shutil.rmtree(shared, ignore_errors=True)

@@ -32,7 +32,14 @@ class LockError(RuntimeError):
 def _name(plugin_dir: Path) -> bytes:
     # A digest of the resolved path: one dir however it is spelt (a symlink to it, a trailing
     # slash), and a name of fixed length (an abstract address has sockaddr_un's 108 bytes too).
-    digest = hashlib.sha256(os.fsencode(plugin_dir.resolve())).hexdigest()[:32]
+    try:
+        resolved = plugin_dir.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: Python before 3.13, for a loop
+        raise LockError(
+            f"{plugin_dir}: a symbolic link loop: name the kubelet's device-plugins dir "
+            "(/var/lib/kubelet/device-plugins)"
+        ) from None
+    digest = hashlib.sha256(os.fsencode(resolved)).hexdigest()[:32]
     return b"\0lingjun-rdma-plugin:" + digest.encode()
 
 

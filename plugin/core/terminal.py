@@ -31,12 +31,15 @@ def say(line: str) -> None:
 
 def write_stdout(text: str) -> None:
     """`text` on stdout, or OSError. A stdout that failed is pointed at /dev/null: Python's
-    flush at exit would otherwise print its own BrokenPipeError and exit 120."""
+    flush at exit would otherwise print its own BrokenPipeError and exit 120. What a stdout
+    cannot encode (PYTHONIOENCODING=ascii, a path with a 'ü') is backslash-escaped, as on
+    stderr."""
     stdout = sys.stdout
     if stdout is None:
         raise OSError(errno.EBADF, "stdout is closed")
     try:
-        stdout.write(text)
+        encoding = stdout.encoding or "utf-8"
+        stdout.write(text.encode(encoding, "backslashreplace").decode(encoding))
         stdout.flush()
     except OSError:
         with contextlib.suppress(OSError, ValueError):

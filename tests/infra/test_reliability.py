@@ -16,7 +16,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -1110,7 +1109,7 @@ def test_a_stop_during_the_engine_is_said_at_once_and_a_second_stop_kills_it(
 
 
 @pytest.mark.parametrize("given", ["env", "file"])
-def test_the_stacks_passphrase_and_token_are_masked_in_what_the_engine_says(
+def test_the_passphrase_and_token_are_masked_and_controls_escaped_in_what_the_engine_says(
     tmp_path: Path, given: str
 ) -> None:
     """A CLI or a plugin that prints its environment (a debug flag, a crash dump) must not put
@@ -1121,6 +1120,7 @@ def test_the_stacks_passphrase_and_token_are_masked_in_what_the_engine_says(
         'case "$*" in *preview*) ;; *) exit 0;; esac\n'  # the stack is selected
         'p="$PULUMI_CONFIG_PASSPHRASE$(cat "$PULUMI_CONFIG_PASSPHRASE_FILE" 2>/dev/null)"\n'
         'echo "{\\"env\\": \\"$p\\"}"; printf "$PULUMI_ACCESS_TOKEN" | base64\n'
+        "printf 'clear\\033[2J screen\\n'\n"
         'echo "error: passphrase is $p" >&2; exit 3\n'
     )
     path = _fake_pulumi(tmp_path / "bin", script)
@@ -1142,6 +1142,7 @@ def test_the_stacks_passphrase_and_token_are_masked_in_what_the_engine_says(
     assert "battery" not in said
     assert base64.b64encode(token.encode()).decode()[:12] not in said
     assert said.count("[secret]") >= 3
+    assert "clear\\x1b[2J screen" in done.stdout  # a control character escaped, secret or not
 
 
 @pytest.mark.parametrize(
@@ -1282,6 +1283,17 @@ def test_a_read_only_mount_point_as_out_says_so(mounted_out: Path, tmp_path: Pat
     assert done.stderr.splitlines() == [
         f"render: local: error: --out {mounted_out}: cannot write in it (Read-only file system)"
     ]
+
+
+def test_a_render_to_a_path_stdout_cannot_encode_is_said_escaped(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "infra.render", "--stack", "dev", "--out", "out-ü"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PYTHONIOENCODING": "ascii"},
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith(" files to out-\\xfc\n")
 
 
 def test_a_burst_of_different_stop_signals_is_one_line_and_the_first_ones_code(
@@ -1539,15 +1551,6 @@ def test_deploy_refuses_a_stack_render_refuses_before_any_pulumi_runs(tmp_path: 
     assert "Traceback" not in done.stderr
     assert "S3cretToken" not in done.stderr
     assert not calls.exists()  # no pulumi ran
-
-
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A dir any user may write in, on a path any user may walk (pytest's tmp_path is root's)."""
-    shared = Path(tempfile.mkdtemp(prefix="lingjun-shared-"))
-    shared.chmod(0o777)
-    yield shared
-    shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_an_out_its_user_cannot_write_is_named_not_its_parent(shared_dir: Path) -> None:

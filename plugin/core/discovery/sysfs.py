@@ -54,7 +54,13 @@ class SysfsDiscovery:
 
     def scan(self) -> Inventory:
         class_ib = self.sysfs / "class" / "infiniband"
-        listed = sorted(os.listdir(class_ib)) if class_ib.is_dir() else []
+        try:
+            listed = sorted(os.listdir(class_ib)) if class_ib.is_dir() else []
+        except OSError as exc:  # e.g. a --sysfs-root this user cannot search: nothing to scan
+            return Inventory(errors=(
+                f"{class_ib} cannot be read ({exc.strerror or exc}): --sysfs-root must name "
+                "where sysfs is mounted (/sys), readable by this process",
+            ))  # fmt: skip
         names = [n for n in listed if IBDEV_NAME.fullmatch(n)]
         verbs = self._chardev_owners("infiniband_verbs")
         mads = self._chardev_owners("infiniband_mad")

@@ -230,6 +230,17 @@ async def test_a_device_plugin_dir_too_long_for_a_unix_socket_is_refused(
     assert f"over the {MAX_UNIX_PATH}-byte unix limit" in output
 
 
+async def test_a_device_plugin_dir_that_is_a_symlink_loop_is_refused(
+    plugin: PluginProcess,
+) -> None:
+    (plugin.root / "a").symlink_to(plugin.root / "b")
+    (plugin.root / "b").symlink_to(plugin.root / "a")
+
+    output = await _refused(plugin, None, "--device-plugin-dir", str(plugin.root / "a"))
+
+    assert f"--device-plugin-dir {plugin.root / 'a'}: a symbolic link loop: name the" in output
+
+
 @pytest.mark.parametrize(
     ("flag", "said"),
     [

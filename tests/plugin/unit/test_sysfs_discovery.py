@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -387,3 +389,29 @@ def test_a_device_name_the_kernel_never_gives_is_left_out_and_said(
         "is not an RDMA device name handed out here (letters, digits, _ . -): left out"
     )
     assert "\n" not in error
+
+
+def test_a_sysfs_root_its_user_cannot_search_is_one_error_not_a_traceback(
+    shared_dir: Path,
+) -> None:
+    """Run as nobody: the scan raised PermissionError, logged with a traceback at every rescan."""
+    tree = two_mlx5(shared_dir)
+    tree.sys.chmod(0o700)  # root's, as /root is
+    program = (
+        "from pathlib import Path; from plugin.core.discovery.sysfs import SysfsDiscovery\n"
+        f"print(SysfsDiscovery(Path({str(tree.sys)!r}), Path({str(tree.dev)!r})).scan())\n"
+    )
+
+    done = subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+         sys.executable, "-c", program],
+        cwd=shared_dir, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert "hcas=()" in done.stdout
+    assert (
+        f"{tree.sys}/class/infiniband cannot be read (Permission denied): --sysfs-root must "
+        "name where sysfs is mounted (/sys), readable by this process"
+    ) in done.stdout
