@@ -3,6 +3,7 @@ allocation and the Allocate answer."""
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from plugin.config import MAX_ID_LENGTH, PluginConfig, Pool, Selector, shared_device_id
 from plugin.core.discovery.model import Hca, Inventory
-from plugin.core.userfiles import shown
+from plugin.core.userfiles import described
 from plugin.launch import HCAS_ENV
 
 HEALTHY = "Healthy"
@@ -177,6 +178,18 @@ def preferred(
     return chosen
 
 
+# What a device ID handed out here can look like (a pool's name and a number, an HCA's name).
+_ID = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_ID_LENGTH}}}")
+
+
+def _quoted(device_id: str) -> str:
+    """An ID from the kubelet, quoted if it could be one of ours: any other text is described
+    (a clipped quote of a long one can hold what masking no longer sees whole)."""
+    if _ID.fullmatch(device_id):
+        return repr(device_id)
+    return f"({described(device_id)}, not one this plugin gives out)"
+
+
 def allocated_hcas(view: PoolView, ids: list[str]) -> tuple[str, ...]:
     """The usable HCAs behind `ids`, in the view's order; refuses an unknown or unhealthy ID.
     A shared ID is healthy while one of its HCAs is usable: an HCA that is not (a port down
@@ -187,9 +200,10 @@ def allocated_hcas(view: PoolView, ids: list[str]) -> tuple[str, ...]:
             f"{view.pool.resource_name}: a container request with no device ID: nothing to "
             "allocate (the kubelet sends one ID per unit the container asks for)"
         )
-    if len(set(ids)) < len(ids):
+    twice = next((i for n, i in enumerate(ids) if i in ids[:n]), None)
+    if twice is not None:
         raise AllocationError(
-            f"{view.pool.resource_name}: a device ID is given twice in {shown(ids)}: the kubelet "
+            f"{view.pool.resource_name}: device ID {_quoted(twice)} is given twice: the kubelet "
             "sends each at most once; its state is stale, retry the pod"
         )
     devices = view.by_id
@@ -198,12 +212,12 @@ def allocated_hcas(view: PoolView, ids: list[str]) -> tuple[str, ...]:
         device = devices.get(device_id)
         if device is None:
             raise AllocationError(
-                f"{view.pool.resource_name}: device ID {shown(device_id)} is unknown to this "
+                f"{view.pool.resource_name}: device ID {_quoted(device_id)} is unknown to this "
                 f"plugin ({_describe_ids(view)}); the kubelet's state is stale, retry the pod"
             )
         if not device.healthy:
             raise AllocationError(
-                f"{view.pool.resource_name}: device ID {shown(device_id)} is unhealthy: "
+                f"{view.pool.resource_name}: device ID {_quoted(device_id)} is unhealthy: "
                 f"{device.reason}"
             )
         hca_names.update(device.hcas)

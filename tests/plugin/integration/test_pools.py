@@ -311,7 +311,7 @@ async def test_allocate_refuses_an_id_given_twice(
         )
 
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "a device ID is given twice" in (caught.value.details() or "")
+    assert "device ID 'hca-1' is given twice" in (caught.value.details() or "")
 
 
 async def test_a_pool_left_empty_by_an_exclusive_pool_before_it_says_so(
