@@ -393,8 +393,14 @@ def _engine_secrets() -> list[str]:
         os.environ.get(name, "") for name in ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_ACCESS_TOKEN")
     ]
     if path := os.environ.get("PULUMI_CONFIG_PASSPHRASE_FILE"):
-        with contextlib.suppress(UnreadableError):  # the CLI says why it cannot read it
+        try:
             found.append(read_text(Path(path)).strip())
+        except UnreadableError as exc:  # a missing one: the CLI says so
+            if not exc.missing:
+                say(
+                    f"deploy: PULUMI_CONFIG_PASSPHRASE_FILE {path}: {exc}: the passphrase in it "
+                    "is not masked in the engine's output"
+                )
     return found
 
 

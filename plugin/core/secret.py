@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import codecs
+import hashlib
 import html
 import logging
 import re
@@ -31,24 +32,31 @@ _ROUNDS = 4
 # ASCII letters in lower case, URL-safe base64's two characters as standard's: one character
 # for one (str.lower makes 'İ' two, which would move every span after it)
 _FOLD = str.maketrans(string.ascii_uppercase + "-_", string.ascii_lowercase + "+/")
-_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})")
+# \uXXXX (JSON), \xXX and \NNN (C, printf, Go's %q of bytes; \0 among them)
+_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})|\\([0-7]{1,3})")
 
 
 def _unescaped(match: re.Match[str]) -> str:
-    return chr(int(match.group(1) or match.group(2), 16))
+    hex_digits = match.group(1) or match.group(2)
+    return chr(int(hex_digits, 16) if hex_digits else int(match.group(3), 8) % 256)
 
 
 def decoded(text: str) -> str:
     """`text` percent-, HTML- and backslash-unescaped until it no longer changes, and in
-    Unicode's compatibility form (a full-width letter is the letter)."""
+    Unicode's compatibility form (a full-width letter is the letter), without combining marks
+    (an accent put on each letter), NULs (UTF-16 read as bytes) and invisible format
+    characters (a zero-width space between letters)."""
     for _ in range(_ROUNDS):
         plain = _ESCAPE.sub(_unescaped, html.unescape(unquote(text)))
         if plain == text:
             break
         text = plain
-    # and without combining marks (an accent put on each letter)
     spread = unicodedata.normalize("NFKD", text)
-    return unicodedata.normalize("NFC", "".join(c for c in spread if not unicodedata.combining(c)))
+    kept = "".join(
+        c for c in spread
+        if not unicodedata.combining(c) and c != "\0" and unicodedata.category(c) != "Cf"
+    )  # fmt: skip
+    return unicodedata.normalize("NFC", kept)
 
 
 def _cores(secret: bytes, group: int, bits: int, encode: Callable[[bytes], bytes]) -> set[str]:
@@ -98,22 +106,24 @@ class Mask:
     def __init__(self, *secrets: str | None, label: str = MASK) -> None:
         self._label = label
         given = {s for s in secrets if s}
-        # a short one as a word of its own: a token "t" is not every t of a message
-        short = sorted(s for s in given if len(s) < RUN)
+        # a short one as a word of its own: a token "t" is not every t of a message; as given
+        # and as a text holding it reads once decoded (without its accents)
+        short = sorted({t for s in given if len(s) < RUN for t in (s, decoded(s)) if t})
         self._short = (
             re.compile("|".join(rf"(?<!\w){re.escape(_folded(s))}(?!\w)" for s in short))
             if short
             else None
         )
         long = [s for s in given if len(s) >= RUN]
-        every = set[str]().union(*(forms(s) for s in long))
+        plain = {t for s in long for t in (s, decoded(s))}
+        every = set[str]().union(*(forms(s) for s in long), plain, {t[::-1] for t in plain})
         self._runs = _runs(every)
         # the characters a form is written with: anything else between them (a space, a dot
         # a proxy put there) is skipped when runs are looked for
         self._alphabet = frozenset(_folded("".join(every)))
         # and each secret and its reverse by their letters and digits alone, whatever separates
         # them (`_` for `-`)
-        self._bare_runs = _runs({_bare(t) for s in long for t in (s, s[::-1])})
+        self._bare_runs = _runs({_bare(t) for s in plain for t in (s, s[::-1])})
 
     def __call__(self, text: str) -> str:
         if self._short is None and not self._runs:  # no secret
@@ -135,8 +145,8 @@ class Mask:
     def _spans(self, plain: str) -> list[tuple[int, int]]:
         """The parts of `plain` that are a secret: sorted, apart from each other."""
         low = _folded(plain)
-        covered = _covered(low, self._alphabet, self._runs) | _covered(
-            low, frozenset(string.ascii_lowercase + string.digits), self._bare_runs
+        covered = _covered(low, self._alphabet.__contains__, self._runs) | _covered(
+            low, str.isalnum, self._bare_runs
         )
         if self._short is not None:
             covered.update(i for m in self._short.finditer(low) for i in range(*m.span()))
@@ -153,26 +163,31 @@ def _bare(text: str) -> str:
     return "".join(c for c in text if c.isalnum())
 
 
+def _key(run: str) -> int:
+    """A run of RUN folded characters as a 64-bit number: its bytes when ASCII, else a digest
+    of them (a passphrase may be any text)."""
+    data = run.encode()
+    if len(data) > RUN:
+        data = hashlib.blake2b(data, digest_size=RUN).digest()
+    return int.from_bytes(data, "big")
+
+
 def _runs(texts: set[str]) -> array[int]:
-    """Each run of RUN characters (ASCII, folded) of `texts` as a 64-bit number, sorted: 8 bytes
-    a run (as a set of strings, a service account's token took 1.2 MB)."""
+    """Each run of RUN characters (folded) of `texts` as a 64-bit number, sorted: 8 bytes a run
+    (as a set of strings, a service account's token took 1.2 MB)."""
     return array("Q", sorted({
-        int.from_bytes(_folded(t[i : i + RUN]).encode(), "big")
-        for t in texts if t.isascii() for i in range(len(t) - RUN + 1)
+        _key(_folded(t[i : i + RUN])) for t in texts for i in range(len(t) - RUN + 1)
     }))  # fmt: skip
 
 
-def _covered(low: str, alphabet: frozenset[str], runs: array[int]) -> set[int]:
-    """The places of `low` that are in a run of `runs`, once what is not in `alphabet` (what
+def _covered(low: str, keep: Callable[[str], bool], runs: array[int]) -> set[int]:
+    """The places of `low` that are in a run of `runs`, once what `keep` refuses (what
     separates the run's characters) is skipped."""
-    kept = [i for i, c in enumerate(low) if c in alphabet]
+    kept = [i for i, c in enumerate(low) if keep(c)]
     compact = "".join(low[i] for i in kept)
     covered: set[int] = set()
     for at in range(len(compact) - RUN + 1):
-        window = compact[at : at + RUN]
-        if not window.isascii():
-            continue
-        key = int.from_bytes(window.encode(), "big")
+        key = _key(compact[at : at + RUN])
         found = bisect_left(runs, key)
         if found < len(runs) and runs[found] == key:
             covered.update(kept[at : at + RUN])

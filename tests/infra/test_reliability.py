@@ -1108,13 +1108,18 @@ def test_a_stop_during_the_engine_is_said_at_once_and_a_second_stop_kills_it(
     assert "deploy: killed `pulumi`" in stderr
 
 
-@pytest.mark.parametrize("given", ["env", "file"])
+@pytest.mark.parametrize(
+    ("given", "passphrase"),
+    [("env", "correct horse battery staple"), ("file", "correct horse battery staple"),
+     ("env", "Ünïcödé-密码-паролька")],
+    ids=["env", "file", "not-ascii"],
+)  # fmt: skip
 def test_the_passphrase_and_token_are_masked_and_controls_escaped_in_what_the_engine_says(
-    tmp_path: Path, given: str
+    tmp_path: Path, given: str, passphrase: str
 ) -> None:
     """A CLI or a plugin that prints its environment (a debug flag, a crash dump) must not put
     the stack's passphrase or the backend's token on the terminal or in a CI log."""
-    passphrase, token = "correct horse battery staple", "pul-0123456789abcdef0123456789abcdef"
+    token = "pul-0123456789abcdef0123456789abcdef"
     script = (
         '#!/bin/sh\nif [ "$1" = version ]; then echo v3.277.0; exit 0; fi\n'
         'case "$*" in *preview*) ;; *) exit 0;; esac\n'  # the stack is selected
@@ -1143,6 +1148,24 @@ def test_the_passphrase_and_token_are_masked_and_controls_escaped_in_what_the_en
     assert base64.b64encode(token.encode()).decode()[:12] not in said
     assert said.count("[secret]") >= 3
     assert "clear\\x1b[2J screen" in done.stdout  # a control character escaped, secret or not
+
+
+def test_a_passphrase_file_deploy_cannot_read_is_said_as_not_masked(tmp_path: Path) -> None:
+    path = _fake_pulumi(tmp_path / "bin", "#!/bin/sh\necho v3.277.0\n")
+    big = tmp_path / "phrase"
+    big.write_text("x" * (2 << 20))
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path,
+           "PULUMI_CONFIG_PASSPHRASE_FILE": str(big)}  # fmt: skip
+
+    done = subprocess.run(
+        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+
+    assert done.stderr.splitlines()[0] == (
+        f"deploy: PULUMI_CONFIG_PASSPHRASE_FILE {big}: over 1024 KiB: the passphrase in it is "
+        "not masked in the engine's output"
+    )
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import base64
 import codecs
 import html
 import logging
+import unicodedata
 from urllib.parse import quote
 
 import pytest
@@ -52,6 +53,10 @@ def _b64(text: str) -> str:
         "echo " + "".join(c + "\u0301" for c in TOKEN),
         f"echo {TOKEN[::-1].replace('-', '_')}",
         f"echo {TOKEN.replace('-', '.')}",
+        "echo " + "".join(f"\\{ord(c):03o}" for c in TOKEN),
+        "echo " + "\\0".join(TOKEN),
+        "echo " + TOKEN.encode("utf-16-le").decode("latin-1"),
+        "echo " + "\u200b".join(TOKEN),
     ],
     ids=["raw", "upper-case", "base64", "base64-of-bearer", "base64-of-the-header",
          "base64-offset-1", "urlsafe-base64-offset-2", "hex", "hex-upper", "percent-twice",
@@ -59,7 +64,8 @@ def _b64(text: str) -> str:
          "a-middle-part", "spaced-out", "full-width", "reversed", "rot13", "utf-16-hex",
          "base64-cut-short", "base64-of-its-reverse", "base32", "base32-of-the-header",
          "base64-of-utf-16", "separators-removed", "an-accent-on-each-letter",
-         "reversed-with-other-separators", "other-separators"],
+         "reversed-with-other-separators", "other-separators", "octal", "backslash-0-between",
+         "utf-16-as-bytes", "zero-width-spaces"],
 )  # fmt: skip
 def test_the_token_in_any_encoding_a_peer_may_echo_is_masked(said: str) -> None:
     masked = Mask(TOKEN)(said)
@@ -103,6 +109,26 @@ def test_several_secrets_long_and_short_are_each_masked_by_the_label_given() -> 
     said = mask(f"env: A={TOKEN.upper()} B=pw C={JWT[::-1]} D=pwd")
 
     assert said == "env: A=[secret] B=[secret] C=[secret] D=pwd"
+
+
+@pytest.mark.parametrize(
+    "secret", ["Ünïcödé-pass-phrase-42", "密码是秘密的口令一二三", "паролькириллица", "pässw"]
+)
+def test_a_secret_in_any_script_is_masked_as_given_and_without_its_accents(secret: str) -> None:
+    mask = Mask(secret, label="[secret]")
+    spread = unicodedata.normalize("NFKD", secret)
+    unaccented = "".join(c for c in spread if not unicodedata.combining(c))
+
+    assert mask(f"said: {secret}!") == "said: [secret]!"
+    assert mask(f"said: {unaccented}!") == "said: [secret]!"
+    if len(secret) >= RUN:  # a short one is masked as a word of its own only
+        assert mask(f"env: P={_b64(secret)}").startswith("env: P=[secret]")
+
+
+def test_a_short_secret_in_utf_16_read_as_bytes_is_masked() -> None:
+    said = "raw: " + "hunt3r".encode("utf-16-le").decode("latin-1") + " end"
+
+    assert Mask("hunt3r")(said) == f"raw: {MASK} end"
 
 
 def test_a_log_record_is_masked_with_its_arguments_and_traceback() -> None:
