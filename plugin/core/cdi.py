@@ -19,6 +19,7 @@ from plugin.core.userfiles import (
     file_kind,
     read_text,
     shown,
+    why_not_made,
     why_not_writable,
     write_atomically,
 )
@@ -89,7 +90,7 @@ def dir_problem(cdi_dir: Path) -> str | None:
             cdi_dir.mkdir(parents=True)
             logger.info("--cdi-dir %s did not exist: made it", cdi_dir)
     except OSError as exc:
-        return f"--cdi-dir {cdi_dir} cannot be made ({exc.strerror or exc})"
+        return f"--cdi-dir {cdi_dir} {why_not_made(cdi_dir, exc)}"
     why = why_not_writable(cdi_dir)
     return None if why is None else f"--cdi-dir {cdi_dir} {why}"
 
@@ -165,8 +166,9 @@ class SpecFile:
         self.kind = kind
         self.host_dir = dev_root / "infiniband"
         self._devices: dict[str, object] = {}
-        self.problem = self._load()
         why = dir_problem(cdi_dir)
+        # in a dir that is not one (a symlink loop), the file's own problem says nothing more
+        self.problem = self._load() if why is None else None
         for problem in (self.problem, why and f"{why}: CDI allocations fail"):
             if problem:
                 logger.error("%s", problem)

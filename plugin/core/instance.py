@@ -35,10 +35,7 @@ def _name(plugin_dir: Path) -> bytes:
     try:
         resolved = plugin_dir.resolve()
     except (OSError, RuntimeError):  # RuntimeError: Python before 3.13, for a loop
-        raise LockError(
-            f"{plugin_dir}: a symbolic link loop: name the kubelet's device-plugins dir "
-            "(/var/lib/kubelet/device-plugins)"
-        ) from None
+        raise LockError(f"{plugin_dir} is a symbolic link loop: name a directory") from None
     digest = hashlib.sha256(os.fsencode(resolved)).hexdigest()[:32]
     return b"\0lingjun-rdma-plugin:" + digest.encode()
 

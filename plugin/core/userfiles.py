@@ -324,6 +324,15 @@ def why_not_writable(directory: Path) -> str | None:
     return None
 
 
+def why_not_made(directory: Path, exc: OSError) -> str:
+    """What a failed mkdir of `directory` met, said as what is there (mkdir says only "File
+    exists" of a symlink loop or a link to nothing)."""
+    if os.path.islink(directory) and not os.path.exists(directory):
+        return "is a symbolic link to nothing (or a loop): name a directory"
+    there = os.path.lexists(directory) and why_not_writable(directory)
+    return there or f"cannot be made ({exc.strerror or exc})"
+
+
 def write_atomically(path: Path, text: str) -> None:
     """`path` holds `text` whole, or is left as it was; only a regular file (or none) is
     replaced, keeping its permissions (a file made 0600 stays so), else 0644: a device, FIFO,

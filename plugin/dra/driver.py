@@ -23,6 +23,7 @@ from plugin.core.problems import REGISTRATION, Problem
 from plugin.core.scrape import metrics_for
 from plugin.core.sockets import bind_problem, clear_stale_socket, grpc_target
 from plugin.core.terminal import one_line, say, stop_on_signals
+from plugin.core.userfiles import why_not_made, why_not_writable
 from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from plugin.dra.prepare import Preparer
 from plugin.dra.servicer import RegistrationServicer, add_dra_services
@@ -34,11 +35,21 @@ logger = logging.getLogger(__name__)
 PROG = "rdma-dra-driver"
 
 
+# The kubelet's dirs are root's: a driver run by another user cannot serve there.
+_WRITABLE = "run the driver as root, as its DaemonSet does, or name a directory this user can write"
+
+
 def _bind(path: Path, server: grpc.aio.Server) -> str | None:
     """None when `server` will listen at `path`, else why it cannot (never by deleting what is
     not a socket a crashed run left)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"{path.parent} {why_not_made(path.parent, exc)}"
+    # before grpc binds: its own failure is a raw log line of grpc core's, then "Failed to bind"
+    if (why := why_not_writable(path.parent)) is not None:
+        return f"{path.parent} {why}: {_WRITABLE}"
+    try:
         clear_stale_socket(path)
         server.add_insecure_port(grpc_target(path))
     except OSError as exc:

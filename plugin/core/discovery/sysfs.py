@@ -76,6 +76,11 @@ class SysfsDiscovery:
                 f"{self.sysfs / 'class'} does not exist: --sysfs-root must name where sysfs is "
                 "mounted (/sys)",
             )
+        if not os.path.isdir(self.dev_ib.parent):  # else every device node is "missing", unsaid why
+            errors += (
+                f"{self.dev_ib.parent} is not a directory: --dev-root must name where the host's "
+                "/dev is mounted",
+            )
         return Inventory(
             hcas=tuple(h for h in hcas if h is not None),
             errors=errors,

@@ -153,6 +153,22 @@ async def test_a_cdi_dir_that_cannot_be_made_is_said_at_start(
     )
 
 
+async def test_a_cdi_dir_that_is_a_symlink_loop_is_said_as_one(
+    kubelet: KubeletPeer, plugin: PluginProcess, short_tmp: Path
+) -> None:
+    """mkdir said "File exists", and the spec file in it was "to move away"."""
+    (short_tmp / "a").symlink_to(short_tmp / "b")
+    (short_tmp / "b").symlink_to(short_tmp / "a")
+    await plugin.start(plugin.write_config(EXCLUSIVE), cdi_dir=short_tmp / "a")
+    await kubelet.wait_registrations(1)
+
+    errors = [ln for ln in plugin.output().splitlines() if " ERROR plugin.core.cdi: " in ln]
+    assert [ln.split(" ERROR plugin.core.cdi: ")[1] for ln in errors] == [
+        f"--cdi-dir {short_tmp / 'a'} is a symbolic link to nothing (or a loop): name a "
+        "directory: CDI allocations fail"
+    ]
+
+
 async def test_a_device_in_its_spec_file_that_it_never_writes_is_dropped_and_said(
     kubelet: KubeletPeer, plugin: PluginProcess, tree: SysfsTree, short_tmp: Path
 ) -> None:

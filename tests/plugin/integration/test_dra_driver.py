@@ -706,8 +706,37 @@ async def test_a_read_only_plugin_dir_is_one_line_naming_its_flag(
     assert code == 2
     assert len(said) == 1
     assert said[0].startswith(f"rdma-dra-driver: --{flag.replace('_', '-')}: {read_only_dir}")
-    assert "Read-only file system" in said[0] or "read-only file system" in said[0]
+    assert said[0].endswith(
+        # the registry dir is there; the driver's own dir under --plugins-dir is to be made
+        "is on a read-only file system: run the driver as root, as its DaemonSet does, or name a "
+        "directory this user can write"
+        if flag == "plugins_registry_dir"
+        else f"{DRA_DRIVER} cannot be made (Read-only file system)"
+    )
     assert "Traceback" not in driver.log.read_text()
+    assert "add_port" not in driver.log.read_text()  # grpc core's own line, before ours
+
+
+@pytest.mark.parametrize("flag", ["plugins_registry_dir", "plugins_dir"])
+async def test_a_plugin_dir_that_is_a_symlink_loop_is_one_line_naming_its_flag(
+    short_tmp: Path, tree: SysfsTree, flag: str
+) -> None:
+    """mkdir says "File exists" of a loop, and that was all the driver said."""
+    driver = Driver(short_tmp, tree)
+    (short_tmp / "a").symlink_to(short_tmp / "b")
+    (short_tmp / "b").symlink_to(short_tmp / "a")
+    spec = dataclasses.replace(driver.spec, **{flag: short_tmp / "a"})
+    code = await driver.refused(spec)
+
+    said = [ln for ln in driver.log.read_text().splitlines() if ln.startswith("rdma-dra-driver:")]
+    assert code == 2
+    (line,) = said
+    assert line.startswith(f"rdma-dra-driver: --{flag.replace('_', '-')}")
+    assert line.endswith(
+        "is a symbolic link to nothing (or a loop): name a directory"
+        if flag == "plugins_registry_dir"
+        else f"{DRA_DRIVER} is a symbolic link loop: name a directory"  # its instance lock's
+    )
 
 
 def test_an_empty_token_file_is_named_as_empty(tmp_path: Path) -> None:

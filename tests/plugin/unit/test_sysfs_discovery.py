@@ -285,11 +285,23 @@ def test_entries_numbered_in_other_scripts_are_stray_not_numbers(tmp_path: Path)
 
 
 def test_a_sysfs_root_without_class_says_so(tmp_path: Path) -> None:
+    (tmp_path / "dev").mkdir()
     inventory = SysfsDiscovery(tmp_path / "nowhere", tmp_path / "dev").scan()
 
     assert inventory.errors == (
         f"{tmp_path / 'nowhere' / 'class'} does not exist: --sysfs-root must name where sysfs "
         "is mounted (/sys)",
+    )
+
+
+def test_a_dev_root_that_is_not_a_directory_says_so(tmp_path: Path) -> None:
+    tree = two_mlx5(tmp_path)
+
+    inventory = SysfsDiscovery(tree.sys, tmp_path / "nowhere").scan()
+
+    assert inventory.errors == (
+        f"{tmp_path / 'nowhere'} is not a directory: --dev-root must name where the host's /dev "
+        "is mounted",
     )
 
 
