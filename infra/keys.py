@@ -134,7 +134,10 @@ def seconds(key: str, text: str, example: str) -> tuple[int | None, list[str]]:
     low, high = DURATION_RANGES[key]
     match = _DURATION.fullmatch(text)
     if match is None:
-        why = f"not a duration like {example} (got {described(text)})"
+        why = (
+            f"not a duration like {example}: whole hours, minutes and seconds, in that order "
+            f"(1h30m, not 1.5h) (got {described(text)})"
+        )
     else:  # digits bounded before int(): Python refuses over 4300 of them
         parts = [(n or "0", size) for n, size in zip(match.groups(), (3600, 60, 1), strict=True)]
         too_long = any(len(n) > 9 for n, _ in parts)

@@ -12,7 +12,8 @@ import os
 import re
 import signal
 import sys
-from typing import TYPE_CHECKING, NoReturn
+import weakref
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:  # asyncio only then: its import (~25 ms) delayed the stop signals' handlers
     import asyncio
@@ -155,6 +156,27 @@ def ignore_stops() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+class _Single(argparse.Action):
+    """A flag that takes one value: given twice (`--stack dev --stack prod`), refused, where
+    argparse silently keeps the last."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._given: list[weakref.ref[argparse.Namespace]] = []  # the parses that had it
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if any(given() is namespace for given in self._given):
+            parser.error(f"{option_string}: given twice: keep one")
+        self._given = [g for g in self._given if g() is not None] + [weakref.ref(namespace)]
+        setattr(namespace, self.dest, values)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with the program's docstring laid out as written, and no traceback from a
     help or an error that cannot be printed."""
@@ -170,6 +192,11 @@ class Parser(argparse.ArgumentParser):
         # given to a flag, not a flag: argparse's own rule (-5, -.5) said "expected one
         # argument" for -1e3 and -inf. No flag of ours starts so.
         self._negative_number_matcher = re.compile(r"-(\d|\.\d|inf|nan)", re.IGNORECASE)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        if args and str(args[0]).startswith("-") and kwargs.get("action", "store") == "store":
+            kwargs["action"] = _Single
+        return super().add_argument(*args, **kwargs)
 
     def print_help(self, file: SupportsWrite[str] | None = None) -> None:
         try:  # the help goes to stdout (argparse passes no other file for it)

@@ -267,10 +267,14 @@ def test_registry_username_without_password_is_refused() -> None:
     assert "give both, or neither" in message
 
 
-def test_job_await_timeout_must_be_a_duration() -> None:
-    message = _error(jobAwaitTimeout="half an hour")
+@pytest.mark.parametrize("given", ["half an hour", "1.5h", "30m1h"])
+def test_job_await_timeout_must_be_a_duration_of_whole_units(given: str) -> None:
+    message = _error(jobAwaitTimeout=given)
 
-    assert "lingjun-rdma:jobAwaitTimeout: not a duration like 30m (got text of 12" in message
+    assert (
+        "lingjun-rdma:jobAwaitTimeout: not a duration like 30m: whole hours, minutes and "
+        f"seconds, in that order (1h30m, not 1.5h) (got text of {len(given)} characters)"
+    ) in message
 
 
 def test_job_await_timeout_becomes_the_jobs_deadline_in_seconds() -> None:

@@ -1308,6 +1308,26 @@ def test_a_read_only_mount_point_as_out_says_so(mounted_out: Path, tmp_path: Pat
     ]
 
 
+@pytest.mark.parametrize(
+    ("prog", "args", "flag"),
+    [("infra.render", ("--stack", "dev", "--stack=prod", "--out", "out"), "--stack"),
+     ("infra.deploy", ("preview", "--stack", "dev", "--stack", "prod"), "--stack"),
+     ("plugin.podenv", ("--family", "ipv6", "--family", "ipv4"), "--family")],
+    ids=["render", "deploy", "podenv"],
+)  # fmt: skip
+def test_a_flag_that_takes_one_value_given_twice_is_refused(
+    tmp_path: Path, prog: str, args: tuple[str, ...], flag: str
+) -> None:
+    """argparse kept the last silently: `--stack dev --stack prod` rendered prod."""
+    done = _cli(prog, *args, cwd=tmp_path)
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"python -m {prog}: error: {flag}: given twice: keep one (--help lists the flags)"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_render_to_a_path_stdout_cannot_encode_is_said_escaped(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "infra.render", "--stack", "dev", "--out", "out-ü"],

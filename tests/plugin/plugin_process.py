@@ -67,9 +67,13 @@ class PluginProcess:
 
     def argv(self, config: Path | None = None, *raw: str, **overrides: Any) -> list[str]:
         """The command line; `raw` flags go last, as given (the CLI's own refusals are tested
-        with them)."""
+        with them), in place of the spec's own (a flag given twice is refused)."""
         netns = ("ip", "netns", "exec", self.netns) if self.netns else ()
-        return [*netns, *self.spec(config, **overrides).command(sys.executable), *raw]
+        python, m, module, *spelled = self.spec(config, **overrides).command(sys.executable)
+        named = {a.split("=", 1)[0] for a in raw if a.startswith("--")}
+        pairs = zip(spelled[::2], spelled[1::2], strict=True)
+        kept = [a for flag, value in pairs if flag not in named for a in (flag, value)]
+        return [*netns, python, m, module, *kept, *raw]
 
     async def start(self, config: Path | None = None, *raw: str, **overrides: Any) -> None:
         with self.log.open("ab") as log:

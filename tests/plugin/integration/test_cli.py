@@ -230,6 +230,12 @@ async def test_a_device_plugin_dir_too_long_for_a_unix_socket_is_refused(
     assert f"over the {MAX_UNIX_PATH}-byte unix limit" in output
 
 
+async def test_a_flag_given_twice_is_refused_not_the_last_kept(plugin: PluginProcess) -> None:
+    output = await _refused(plugin, None, "--rescan-interval", "0.1", "--rescan-interval=5")
+
+    assert "error: --rescan-interval: given twice: keep one" in output
+
+
 async def test_a_device_plugin_dir_that_is_a_symlink_loop_is_refused(
     plugin: PluginProcess,
 ) -> None:
