@@ -369,8 +369,14 @@ def _project_dir(text: str) -> Path:
     return Path(text)
 
 
-def check_project(project_dir: Path, stack: str) -> None:
-    """The project's files read as the program will read them: one line for what is wrong."""
+# What runs the program: the others (destroy, refresh) work from the stack's state alone.
+RUN_PROGRAM = ("preview", "up")
+
+
+def check_project(project_dir: Path, stack: str, action: str = "up") -> None:
+    """The project's files read as the program will read them: one line for what is wrong. A
+    config the program would refuse is said, not refused, by an action that does not run it: a
+    stack whose config a newer check refuses can still be destroyed as it is."""
     if project_dir.exists() and not project_dir.is_dir():
         raise DeployError(
             f"--project-dir {project_dir}: not a directory: name this project's checkout"
@@ -381,9 +387,16 @@ def check_project(project_dir: Path, stack: str) -> None:
         )
     try:  # as render refuses it: before the engine, whose program would end in a traceback
         values, secret = stack_config(stack, project_dir=project_dir)
-        parse_stack(values, set(secret))
-    except (StackFileError, StackConfigError) as exc:
+    except StackFileError as exc:
         raise DeployError(str(exc)) from None
+    try:
+        parse_stack(values, set(secret))
+    except StackConfigError as exc:
+        if action in RUN_PROGRAM:
+            raise DeployError(str(exc)) from None
+        for problem in str(exc).splitlines():
+            say(f"deploy: {problem}")
+        say(f"deploy: {action} does not run the program: going on with the config as it is")
 
 
 def _engine_secrets() -> list[str]:
@@ -428,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.excepthook = _quiet_output_readers
     hold(Mask(*_engine_secrets(), label="[secret]"))  # Pulumi's own word for a masked value
     try:
-        check_project(args.project_dir, args.stack)
+        check_project(args.project_dir, args.stack, args.action)
         pulumi = pulumi_cli()
         _out(  # what the engine's first output may be a while coming for
             f"deploy: {args.action} of stack {args.stack} with "

@@ -1596,6 +1596,32 @@ def test_deploy_refuses_a_stack_render_refuses_before_any_pulumi_runs(tmp_path: 
     assert not calls.exists()  # no pulumi ran
 
 
+@pytest.mark.parametrize("action", ["destroy", "refresh"])
+def test_deploy_says_a_refused_config_and_goes_on_where_the_program_does_not_run(
+    tmp_path: Path, action: str
+) -> None:
+    """A stack whose config a newer check refuses must still be torn down as it is."""
+    project = tmp_path / "project"
+    (project / "stacks").mkdir(parents=True)
+    shutil.copy(PROJECT_DIR / "Pulumi.yaml", project)
+    local = (PROJECT_DIR / "stacks/Pulumi.local.yaml").read_text()
+    (project / "stacks/Pulumi.local.yaml").write_text(
+        local + "  lingjun-rdma:rdmaMaxAllocations: '0x10'\n"
+    )
+    calls = tmp_path / "calls"
+    path = _fake_pulumi(tmp_path / "bin", f'#!/bin/sh\necho "$@" >> {calls}\necho v3.277.0\n')
+
+    done = _cli("infra.deploy", action, "--stack", "local", "--project-dir", str(project),
+                cwd=tmp_path, path=path)  # fmt: skip
+
+    said = done.stderr.splitlines()
+    assert said[0].startswith("deploy: lingjun-rdma:rdmaMaxAllocations: "), done.stderr
+    assert said[1] == (
+        f"deploy: {action} does not run the program: going on with the config as it is"
+    )
+    assert f" {action} " in calls.read_text()  # the engine's operation ran
+
+
 def test_an_out_its_user_cannot_write_is_named_not_its_parent(shared_dir: Path) -> None:
     """Run as nobody (CI runs as root, which writes anywhere): a read-only --out was said as
     its parent being unwritable, where the render's copy of it had failed."""
