@@ -399,6 +399,17 @@ def check_project(project_dir: Path, stack: str, action: str = "up") -> None:
         say(f"deploy: {action} does not run the program: going on with the config as it is")
 
 
+def _exit(code: str) -> str:
+    """The Automation API's `code: N` as a user reads it: a negative N is a signal's."""
+    number = code.removeprefix("code: ")
+    if number.startswith("-") and number[1:].isdigit() and int(number[1:]) in _SIGNALS:
+        return f"`pulumi` was killed by {_SIGNALS[int(number[1:])]}"
+    return code
+
+
+_SIGNALS = {int(s): s.name for s in signal.Signals}
+
+
 def _engine_secrets() -> list[str]:
     """What the engine's output must never show, though a CLI or plugin may print its
     environment: the stack's passphrase (as set, or in its file) and the backend's token."""
@@ -468,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         # stderr, which nothing showed yet (its last lines: a failing engine can say megabytes)
         code, _, rest = str(exc).partition("\n stdout: ")
         stderr = rest.rpartition("\n stderr: ")[2].strip().splitlines()
-        say(f"deploy: {args.action} --stack {args.stack}: failed ({code.strip()})")
+        say(f"deploy: {args.action} --stack {args.stack}: failed ({_exit(code.strip())})")
         for line in stderr[-_STDERR_LINES:]:
             say(one_line(masked(line), 1000, keep_end=True))
         return 1

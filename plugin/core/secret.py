@@ -13,6 +13,7 @@ import html
 import logging
 import re
 import string
+import sys
 import unicodedata
 from array import array
 from bisect import bisect_left
@@ -32,22 +33,37 @@ _ROUNDS = 4
 # ASCII letters in lower case, URL-safe base64's two characters as standard's: one character
 # for one (str.lower makes 'İ' two, which would move every span after it)
 _FOLD = str.maketrans(string.ascii_uppercase + "-_", string.ascii_lowercase + "+/")
-# \uXXXX (JSON), \xXX and \NNN (C, printf, Go's %q of bytes; \0 among them)
-_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})|\\([0-7]{1,3})")
+# \uXXXX (JSON), \UXXXXXXXX, \xXX and \NNN (C, printf, Go's %q of bytes; \0 among them)
+_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})|\\U([0-9a-fA-F]{8})|\\x([0-9a-fA-F]{2})|\\([0-7]{1,3})")
+# A terminal's control sequences (colours, cursor moves: ESC [ ... final byte; ESC ] ... BEL or
+# ESC \), which a CLI may put between any two characters
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]")
+# Bytes written as decimal numbers, 8 or more (Go's %v of a []byte: [112 117 ...]; a list's repr)
+_DECIMAL_BYTES = re.compile(r"\b[0-9]{1,3}(?:(?:, ?| )[0-9]{1,3}){7,}\b")
 
 
 def _unescaped(match: re.Match[str]) -> str:
-    hex_digits = match.group(1) or match.group(2)
-    return chr(int(hex_digits, 16) if hex_digits else int(match.group(3), 8) % 256)
+    hex_digits = match.group(1) or match.group(2) or match.group(3)
+    code = int(hex_digits, 16) if hex_digits else int(match.group(4), 8) % 256
+    return chr(code) if code <= sys.maxunicode else match.group(0)
+
+
+def _as_bytes(match: re.Match[str]) -> str:
+    numbers = [int(n) for n in re.findall(r"[0-9]+", match.group(0))]
+    if max(numbers) > 255:
+        return match.group(0)
+    return bytes(numbers).decode("utf-8", errors="replace")
 
 
 def decoded(text: str) -> str:
-    """`text` percent-, HTML- and backslash-unescaped until it no longer changes, and in
-    Unicode's compatibility form (a full-width letter is the letter), without combining marks
+    """`text` without terminal control sequences, with decimal byte lists read as text,
+    percent-, HTML- and backslash-unescaped until it no longer changes, and in Unicode's
+    compatibility form (a full-width letter is the letter), without combining marks
     (an accent put on each letter), NULs (UTF-16 read as bytes) and invisible format
     characters (a zero-width space between letters)."""
-    for _ in range(_ROUNDS):
-        plain = _ESCAPE.sub(_unescaped, html.unescape(unquote(text)))
+    text = _DECIMAL_BYTES.sub(_as_bytes, text)
+    for _ in range(_ROUNDS):  # a sequence may be escaped itself (a log line's `\x1b[1m`)
+        plain = _ANSI.sub("", _ESCAPE.sub(_unescaped, html.unescape(unquote(text))))
         if plain == text:
             break
         text = plain

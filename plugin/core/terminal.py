@@ -105,10 +105,14 @@ def start_log(level: str) -> None:
 _FLAG = re.compile(r"--[a-z][a-z0-9-]{0,40}")
 _ARGPARSE_QUOTED = re.compile(r"(invalid [a-z_]+ value|invalid choice): '.*?'(?= \(choose|$)", re.S)
 
-# The signals that ask a program to stop. SIGQUIT (Ctrl-\) and SIGUSR1/2 mean nothing more
-# here, and by their default they killed a program silently, leaving its socket behind.
+# The signals that ask a program to stop, and every other whose default ends it (SIGQUIT,
+# SIGUSR1, SIGPWR, SIGXCPU...: they mean nothing more here, and by their default they killed a
+# program silently, its socket and child left behind): each is a clean stop. Real-time signals
+# keep their default (the C library uses some of them itself).
 STOPS = (
     signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+    signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF, signal.SIGPWR, signal.SIGXCPU,
+    signal.SIGIO, signal.SIGSTKFLT,
 )  # fmt: skip
 
 

@@ -309,6 +309,18 @@ def test_a_version_check_a_child_keeps_open_is_not_run_again_unbounded(tmp_path:
     assert calls.read_text().split()[:2] == ["version", "--non-interactive"]
 
 
+def test_a_cli_killed_by_a_signal_is_said_by_the_signals_name(tmp_path: Path) -> None:
+    path = _fake_pulumi(
+        tmp_path / "bin",
+        '#!/bin/sh\n[ "$1" = version ] && { echo v3.277.0; exit 0; }\nkill -KILL $$\n',
+    )
+
+    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path)
+
+    assert done.returncode == 1, done.stderr
+    assert "failed (`pulumi` was killed by SIGKILL)" in done.stderr
+
+
 @pytest.mark.parametrize(
     "answer",
     ["head -c 100000 /dev/zero | tr '\\0' '\\377'; exit 3",

@@ -210,7 +210,11 @@ async def test_sigterm_removes_its_socket_and_exits_zero(
     assert (plugin_dir / "kubelet.sock").exists(), "only its own socket is removed"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2])
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPWR,
+     signal.SIGALRM, signal.SIGVTALRM, signal.SIGXCPU],
+)  # fmt: skip
 async def test_other_stop_signals_stop_it_like_sigterm(
     kubelet: KubeletPeer, plugin: PluginProcess, plugin_dir: Path, sig: int
 ) -> None:

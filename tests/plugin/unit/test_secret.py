@@ -57,6 +57,11 @@ def _b64(text: str) -> str:
         "echo " + "\\0".join(TOKEN),
         "echo " + TOKEN.encode("utf-16-le").decode("latin-1"),
         "echo " + "\u200b".join(TOKEN),
+        "echo " + "\x1b[1m".join(TOKEN[i : i + 2] for i in range(0, len(TOKEN), 2)),
+        "echo " + "\\x1b[1m".join(TOKEN[i : i + 2] for i in range(0, len(TOKEN), 2)),
+        "echo " + str(list(TOKEN.encode())),
+        "echo [" + " ".join(str(b) for b in TOKEN.encode()) + "]",
+        "echo " + "".join(f"\\U{ord(c):08x}" for c in TOKEN),
     ],
     ids=["raw", "upper-case", "base64", "base64-of-bearer", "base64-of-the-header",
          "base64-offset-1", "urlsafe-base64-offset-2", "hex", "hex-upper", "percent-twice",
@@ -65,7 +70,8 @@ def _b64(text: str) -> str:
          "base64-cut-short", "base64-of-its-reverse", "base32", "base32-of-the-header",
          "base64-of-utf-16", "separators-removed", "an-accent-on-each-letter",
          "reversed-with-other-separators", "other-separators", "octal", "backslash-0-between",
-         "utf-16-as-bytes", "zero-width-spaces"],
+         "utf-16-as-bytes", "zero-width-spaces", "ansi-every-2", "ansi-escaped-every-2",
+         "python-bytes-list", "go-bytes", "backslash-U"],
 )  # fmt: skip
 def test_the_token_in_any_encoding_a_peer_may_echo_is_masked(said: str) -> None:
     masked = Mask(TOKEN)(said)
