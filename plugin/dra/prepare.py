@@ -129,6 +129,8 @@ class Preparer:
         # read back, not yet compared with what prepare would write for them on this node now
         self._unchecked = set(self.claims)
         self._unsaved = False
+        # the entries this request's prepares replaced (None: the claim was new), until saved
+        self._before: dict[str, Prepared | None] = {}
 
     def update(self, views: Sequence[policy.PoolView]) -> list[SliceDevice]:
         """The node's state after a scan; the devices it publishes now."""
@@ -152,33 +154,40 @@ class Preparer:
             # a read-back entry is used only if it is what prepare writes for the claim now,
             # from the API's allocation and the node's state, never on its own say
             fresh = self._fresh(claim, self._claim(claim))
-            if fresh != done:
-                if done is not None:
-                    logger.warning(
-                        "checkpoint %s: claim %s/%s (%s) is not what this driver writes for it "
-                        "on this node now (an HCA's health or its pods' network changed since, "
-                        "or the entry is forged): prepared afresh", self.checkpoint,
-                        claim.namespace, claim.name, claim.uid,
-                    )  # fmt: skip
-                logger.info("prepared claim %s/%s (%s): %s", claim.namespace, claim.name,
-                            claim.uid, ", ".join(d.device_name for d in fresh.devices))  # fmt: skip
-                self.claims[claim.uid] = fresh
-                self._unsaved = True
-            self._unchecked.discard(claim.uid)
-            done = fresh
-        name = spec_file(self.driver, claim.uid)
+            if fresh != done and done is not None:
+                logger.warning(
+                    "checkpoint %s: claim %s/%s (%s) is not what this driver writes for it on "
+                    "this node now (an HCA's health or its pods' network changed since, or the "
+                    "entry is forged): prepared afresh", self.checkpoint, claim.namespace,
+                    claim.name, claim.uid,
+                )  # fmt: skip
+        else:
+            fresh = done
+        self._write_spec(claim.uid, fresh)  # first: a claim whose spec is not there is not kept
+        self._unchecked.discard(claim.uid)
+        if fresh != done:
+            logger.info("prepared claim %s/%s (%s): %s", claim.namespace, claim.name, claim.uid,
+                        ", ".join(d.device_name for d in fresh.devices))  # fmt: skip
+            self._before.setdefault(claim.uid, done)
+            self.claims[claim.uid] = fresh
+            self._unsaved = True
+        return fresh.devices
+
+    def _write_spec(self, uid: str, prepared: Prepared) -> None:
+        """The claim's spec in the CDI dir, unless it is there as it should be."""
+        name = spec_file(self.driver, uid)
         found = _spec_there(self.cdi_dir / name)
-        if found != done.spec:
-            if found is not None and found.get("kind") != self.cdi_kind:
-                raise PrepareError(  # never overwritten: it is not a spec of ours
-                    f"--cdi-dir {self.cdi_dir}: {name} there is not a CDI spec of {self.cdi_kind}: "
-                    "move it away"
-                )
-            try:  # gone, or ours but stale; a directory or a FIFO there is said by the write
-                cdi.write_spec(self.cdi_dir, name, done.spec)
-            except cdi.CdiError as exc:
-                raise PrepareError(str(exc)) from None
-        return done.devices
+        if found == prepared.spec:
+            return
+        if found is not None and found.get("kind") != self.cdi_kind:
+            raise PrepareError(  # never overwritten: it is not a spec of ours
+                f"--cdi-dir {self.cdi_dir}: {name} there is not a CDI spec of {self.cdi_kind}: "
+                "move it away"
+            )
+        try:  # gone, or ours but stale; a directory or a FIFO there is said by the write
+            cdi.write_spec(self.cdi_dir, name, prepared.spec)
+        except cdi.CdiError as exc:
+            raise PrepareError(str(exc)) from None
 
     def unprepare(self, claim: ClaimRef) -> None:
         """Idempotent: an unknown claim is already unprepared. Only a spec of ours is removed."""
@@ -199,10 +208,27 @@ class Preparer:
 
     def save(self) -> None:
         """The checkpoint, when a prepare or unprepare changed the claims: written whole once
-        per request (per claim, 2000 claims wrote it 2000 times, each larger)."""
-        if self._unsaved:
+        per request (per claim, 2000 claims wrote it 2000 times, each larger). One that cannot
+        be written undoes the request's prepares (the kubelet hears they failed): a claim new
+        to this node is dropped and its spec removed, which nothing would remove otherwise if
+        its pod went away before a retry."""
+        if not self._unsaved:
+            return
+        try:
             save_checkpoint(self.checkpoint, self.claims)
-            self._unsaved = False
+        except OSError:
+            for uid, before in self._before.items():
+                if before is not None:
+                    self.claims[uid] = before
+                    continue
+                self.claims.pop(uid, None)
+                name = spec_file(self.driver, uid)
+                if (spec := _spec_there(self.cdi_dir / name)) and spec.get("kind") == self.cdi_kind:
+                    (self.cdi_dir / name).unlink(missing_ok=True)
+            raise
+        finally:
+            self._before.clear()
+        self._unsaved = False
 
     def _requests(self, claim: ClaimRef, obj: dict[str, Any]) -> dict[str, list[str]]:
         """The claim's devices of this driver on this node, each with its requests."""

@@ -973,6 +973,55 @@ async def test_a_prepared_uid_asked_for_under_another_name_is_read_as_named(
     assert not again.devices
 
 
+async def test_a_prepare_whose_checkpoint_cannot_be_written_leaves_nothing_behind(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    """Its CDI spec stayed (nothing removes it if the pod goes away before a retry), and the
+    log said the claim was prepared; a retry once the checkpoint can be written succeeds."""
+    result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
+    api = OddApi(short_tmp, 200, _claim(result))
+    driver = Driver(short_tmp, tree, api.url)
+    checkpoint = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
+    spec = driver.spec.cdi_dir / f"{DRA_DRIVER}-u-1.json"
+    await driver.start()
+    try:
+        checkpoint.mkdir()  # a checkpoint that cannot be written (a full or read-only disk)
+        failed = await _prepare(driver, "u-1")
+        spec_after_failure = spec.exists()
+        checkpoint.rmdir()
+        retried = await _prepare(driver, "u-1")
+    finally:
+        assert await driver.stop() == 0
+        api.close()
+
+    assert failed.error.startswith(f"cannot write the checkpoint {checkpoint}: ")
+    assert not spec_after_failure
+    assert retried.error == ""
+    assert spec.exists()
+    assert "u-1" in json.loads(checkpoint.read_text())["claims"]
+
+
+async def test_a_prepare_whose_spec_cannot_be_written_is_not_checkpointed(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
+    api = OddApi(short_tmp, 200, _claim(result))
+    driver = Driver(short_tmp, tree, api.url)
+    checkpoint = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
+    await driver.start()
+    try:
+        (driver.spec.cdi_dir / f"{DRA_DRIVER}-u-1.json").mkdir()  # the spec cannot be written
+        failed = await _prepare(driver, "u-1")
+    finally:
+        assert await driver.stop() == 0
+        api.close()
+
+    assert "u-1.json there is a directory, not a spec: move it away" in failed.error
+    claims = json.loads(checkpoint.read_text())["claims"] if checkpoint.exists() else {}
+    assert "u-1" not in claims
+    assert "prepared claim default/c (u-1)" not in driver.log.read_text()
+
+
 async def test_an_answer_for_another_claim_of_the_same_uid_is_not_used(
     short_tmp: Path, tree: SysfsTree
 ) -> None:
