@@ -61,11 +61,6 @@ def _quote(value: str) -> str:
 
 def _read_hcas(sysfs_root: Path, names: list[str]) -> list[Hca]:
     class_ib = sysfs_root / "class" / "infiniband"
-    if not class_ib.parent.is_dir():
-        raise NoGidError(
-            f"{class_ib.parent} does not exist: --sysfs-root must name where sysfs is mounted "
-            "(/sys)"
-        )
     discovery = SysfsDiscovery(sysfs_root, Path("/dev"))
     hcas: list[Hca] = []
     for name in names:
@@ -116,7 +111,11 @@ def _sysfs(text: str) -> Path:
     return Path(os.path.abspath(text))
 
 
-def _hca_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
+def _hca_names(parser: argparse.ArgumentParser, given: str | None) -> list[str]:
+    """The HCAs of --hcas, else of the device plugin's env var: a bad one is named by where it
+    came from."""
+    text = os.environ.get(HCAS_ENV, "") if given is None else given
+    source = "--hcas" if given is not None else f"${HCAS_ENV} (set by the device plugin)"
     names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
     if not names:
         parser.error(
@@ -126,7 +125,7 @@ def _hca_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
     for name in names:
         if not IBDEV_NAME.fullmatch(name):
             parser.error(
-                f"--hcas: {described(name)} is not an RDMA device name: at most 64 letters, "
+                f"{source}: {described(name)} is not an RDMA device name: at most 64 letters, "
                 "digits, '_', '.', '-' (e.g. mlx5_0)"
             )
     return names
@@ -135,12 +134,16 @@ def _hca_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = Parser(f"python -m {PODENV_MODULE}", __doc__)
     p.add_argument("--sysfs-root", type=_sysfs, default=Path("/sys"))
-    p.add_argument("--hcas", default=os.environ.get(HCAS_ENV, ""), help=f"default ${HCAS_ENV}")
+    p.add_argument("--hcas", help=f"default ${HCAS_ENV}")
     p.add_argument("--family", choices=get_args(FamilyChoice), default=PodenvSpec().family)
     p.add_argument("--set", type=_key_value, action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", type=_out, help="write here (atomically) instead of stdout")
     args = p.parse_args(argv)
     names = _hca_names(p, args.hcas)
+    if not (args.sysfs_root / "class").is_dir():  # a bad argument, not a node without a GID
+        p.error(
+            f"--sysfs-root {args.sysfs_root}: no class/ there: name where sysfs is mounted (/sys)"
+        )
     extra: dict[str, str] = {}
     for key, value in args.set:
         if key in extra:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from plugin.launch import HCAS_ENV
 from tests.conftest import PEER_SKIP_PREFIX
 from tests.plugin.sysfs_tree import PortSpec, SysfsTree
 from tests.plugin.veth_netns import ip, veth_netns
@@ -286,16 +287,31 @@ def _podenv_here(
          "--set: the key (text of 1 character) is not an ASCII variable name"),
         (("--hcas", "mlx5_0", "--out", ""), "--out: empty: name a file, or omit --out"),
         (("--hcas", "mlx5_0", "--sysfs-root", "/nonexistent"),
-         "/nonexistent/class does not exist: --sysfs-root must name where sysfs"),
+         "--sysfs-root /nonexistent: no class/ there: name where sysfs is mounted"),
     ],
     ids=["hca-path", "computed-key", "key-twice", "non-ascii-key", "empty-out", "no-sysfs"],
 )  # fmt: skip
 def test_what_podenv_refuses_is_one_line(args: tuple[str, ...], said: str) -> None:
     done = _podenv_here(*args)
 
-    assert done.returncode in (1, 2), done.stderr
+    assert done.returncode == 2, done.stderr  # bad arguments (1 is a node without a GID)
     assert "Traceback" not in done.stderr
     assert said in done.stderr.splitlines()[-1]
+
+
+def test_a_bad_hca_from_the_device_plugins_variable_is_blamed_on_it(tree: SysfsTree) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "plugin.podenv", "--sysfs-root", str(tree.sys)], cwd=REPO,
+        env={**os.environ, HCAS_ENV: "mlx5_0,x/y"}, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"python -m plugin.podenv: error: ${HCAS_ENV} (set by the device plugin): text of 3 "
+        "characters is not an RDMA device name: at most 64 letters, digits, '_', '.', '-' (e.g. "
+        "mlx5_0) (--help lists the flags)"
+    ]
 
 
 def test_an_hca_not_on_the_node_is_named_with_those_there(tree: SysfsTree) -> None:
