@@ -322,6 +322,10 @@ def _check_monitoring(k: Keys) -> list[str]:
 
 def _cluster(k: Keys) -> tuple[Cluster | None, list[str]]:
     if k.cluster_mode == "existing":
+        # what only creating uses is still checked on its own: a slip is one either way, and
+        # the stack may be switched to create
+        if problems := _cidrs(k)[1] + _node_count(k):
+            return None, problems
         if k.kubeconfig is not None and k.cluster_id is not None:
             return None, [
                 f"{_key('clusterId')}: set together with {_key('kubeconfig')}; an existing "
@@ -351,11 +355,7 @@ def _cluster(k: Keys) -> tuple[Cluster | None, list[str]]:
         for key, value in (("clusterId", k.cluster_id), ("kubeconfig", k.kubeconfig))
         if value is not None
     ]
-    if not 0 <= k.lingjun_node_count <= MAX_NODE_COUNT:
-        problems.append(
-            f"{_key('lingjunNodeCount')}: {_number(k.lingjun_node_count)} is not "
-            f"0..{MAX_NODE_COUNT} (the nodes of one node pool) {_set('lingjunNodeCount', '2')}"
-        )
+    problems += _node_count(k)
     if group is None or network is None or problems:
         return None, problems
     cluster = CreateCluster(
@@ -366,6 +366,15 @@ def _cluster(k: Keys) -> tuple[Cluster | None, list[str]]:
         compute_network_ipv6=k.compute_network_ipv6,
     )
     return cluster, []
+
+
+def _node_count(k: Keys) -> list[str]:
+    if 0 <= k.lingjun_node_count <= MAX_NODE_COUNT:
+        return []
+    return [
+        f"{_key('lingjunNodeCount')}: {_number(k.lingjun_node_count)} is not "
+        f"0..{MAX_NODE_COUNT} (the nodes of one node pool) {_set('lingjunNodeCount', '2')}"
+    ]
 
 
 def _number(value: int) -> str:
@@ -414,34 +423,7 @@ _CIDR_EXAMPLES = {
 
 
 def _network(k: Keys) -> tuple[NetworkPlan | None, list[str]]:
-    problems: list[str] = []
-    nets: dict[str, ipaddress.IPv4Network] = {}
-    for key, value in (
-        ("vpcCidr", k.vpc_cidr),
-        ("serviceCidr", k.service_cidr),
-        *((f"vswitchCidrs[{i}]", v) for i, v in enumerate(k.vswitch_cidrs)),
-    ):
-        base = key.split("[")[0]
-        try:
-            nets[key] = ipaddress.IPv4Network(value)
-        except ValueError as exc:
-            example = _CIDR_EXAMPLES[base]
-            why = f"not an IPv4 CIDR like {example} (got {described(value)})"
-            if "host bits set" in str(exc):  # an address in a network: name that network
-                example = str(ipaddress.IPv4Network(value, strict=False))
-                why = f"{value} has bits set past its prefix: the network is {example}"
-            fix = _set_items(base) if base in LIST_KEYS else _set(base, example)
-            problems.append(f"{_key(key)}: {why} {fix}")
-            continue
-        if str(nets[key]) != value:  # 10.0.0.0/08, 010.0.0.0/8: read, but not as written
-            fix = _set_items(base) if base in LIST_KEYS else _set(base, str(nets[key]))
-            problems.append(f"{_key(key)}: write it as {nets[key]} {fix}")
-            del nets[key]
-            continue
-        low, high = CIDR_PREFIXES[base]
-        if not low <= nets[key].prefixlen <= high:
-            fix = _set_items(base) if base in LIST_KEYS else _set(base, _CIDR_EXAMPLES[base])
-            problems.append(f"{_key(key)}: a /{nets[key].prefixlen}, not /{low} to /{high} {fix}")
+    nets, problems = _cidrs(k)
     if problems:
         return None, problems
     if not k.vswitch_cidrs:
@@ -486,6 +468,39 @@ def _network(k: Keys) -> tuple[NetworkPlan | None, list[str]]:
         )
     plan = NetworkPlan(k.vpc_cidr, k.vswitch_cidrs, k.zone_ids, k.ipv6, k.service_cidr)
     return (None if problems else plan), problems
+
+
+def _cidrs(k: Keys) -> tuple[dict[str, ipaddress.IPv4Network], list[str]]:
+    """Each CIDR key on its own: an IPv4 network, as written, of its prefix range."""
+    problems: list[str] = []
+    nets: dict[str, ipaddress.IPv4Network] = {}
+    for key, value in (
+        ("vpcCidr", k.vpc_cidr),
+        ("serviceCidr", k.service_cidr),
+        *((f"vswitchCidrs[{i}]", v) for i, v in enumerate(k.vswitch_cidrs)),
+    ):
+        base = key.split("[")[0]
+        try:
+            nets[key] = ipaddress.IPv4Network(value)
+        except ValueError as exc:
+            example = _CIDR_EXAMPLES[base]
+            why = f"not an IPv4 CIDR like {example} (got {described(value)})"
+            if "host bits set" in str(exc):  # an address in a network: name that network
+                example = str(ipaddress.IPv4Network(value, strict=False))
+                why = f"{value} has bits set past its prefix: the network is {example}"
+            fix = _set_items(base) if base in LIST_KEYS else _set(base, example)
+            problems.append(f"{_key(key)}: {why} {fix}")
+            continue
+        if str(nets[key]) != value:  # 10.0.0.0/08, 010.0.0.0/8: read, but not as written
+            fix = _set_items(base) if base in LIST_KEYS else _set(base, str(nets[key]))
+            problems.append(f"{_key(key)}: write it as {nets[key]} {fix}")
+            del nets[key]
+            continue
+        low, high = CIDR_PREFIXES[base]
+        if not low <= nets[key].prefixlen <= high:
+            fix = _set_items(base) if base in LIST_KEYS else _set(base, _CIDR_EXAMPLES[base])
+            problems.append(f"{_key(key)}: a /{nets[key].prefixlen}, not /{low} to /{high} {fix}")
+    return nets, problems
 
 
 # Namespaces of the cluster itself: the program owns its namespace (destroy deletes it).

@@ -444,3 +444,16 @@ def test_a_registry_user_a_login_cannot_carry_is_refused_unquoted(user: str) -> 
 )  # fmt: skip
 def test_values_only_a_unicode_rule_would_take_are_refused(key: str, value: str, said: str) -> None:
     assert said in _error("dev", **{key: value})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [("lingjunNodeCount", "5000", "lingjun-rdma:lingjunNodeCount: 5000 is not 0..1000"),
+     ("vpcCidr", "1.2.3.4/40", "lingjun-rdma:vpcCidr: not an IPv4 CIDR like 192.168.0.0/16"),
+     ("vpcCidr", "10.0.0.0/30", "lingjun-rdma:vpcCidr: a /30, not /8 to /28")],
+)  # fmt: skip
+def test_what_only_creating_uses_is_checked_on_an_adopting_stack_too(
+    key: str, value: str, said: str
+) -> None:
+    """`local` adopts its cluster: these were accepted there without a word."""
+    assert said in _error("local", **{key: value})
