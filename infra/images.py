@@ -28,11 +28,13 @@ def reference_problem(image: str) -> str | None:
     registry = slash and ("." in first or ":" in first or first == "localhost")
     if not _REFERENCE.fullmatch(image) or (not registry and first != first.lower()):
         login = "@" in image.partition("/")[0] or "://" in image
-        return f"not an image reference ({FORM})" + (
-            "; a registry login never goes in one: use registryUsername and registryPassword"
-            if login
-            else ""
-        )
+        if login:
+            hint = "; a registry login never goes in one: use registryUsername and registryPassword"
+        elif _REFERENCE.fullmatch(_path_lowered(image, registry=bool(registry))):
+            hint = "; its repository is in lower case only (a runtime refuses upper case there)"
+        else:
+            hint = ""
+        return f"not an image reference ({FORM}){hint}"
     name, _, digest = image.partition("@")
     algorithm, _, hex_ = digest.partition(":")
     if digest and not (
@@ -51,6 +53,15 @@ def reference_problem(image: str) -> str | None:
     if len(name) > MAX_NAME_LENGTH:
         return f"its repository name is over {MAX_NAME_LENGTH} characters"
     return None
+
+
+def _path_lowered(image: str, *, registry: bool) -> str:
+    """`image` with its repository path (not its registry, tag or digest) in lower case."""
+    head, _, path = image.partition("/") if registry else ("", "", image)
+    name, at, digest = path.partition("@")
+    colon = name.find(":", name.rfind("/") + 1)
+    repository, tag = (name[:colon], name[colon:]) if colon >= 0 else (name, "")
+    return (f"{head}/" if registry else "") + repository.lower() + tag + at + digest
 
 
 def is_pinned(image: str) -> bool:

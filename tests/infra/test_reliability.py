@@ -166,6 +166,25 @@ def test_image_references_of_every_form_pass(image: str) -> None:
     assert reference_problem(image) is None
 
 
+@pytest.mark.parametrize(
+    "image",
+    ["registry.example.com/Rdma/plugin:1.0", "UPPER/x:1", "localhost:5000/A/b@sha256:" + "a" * 64],
+)
+def test_an_image_whose_repository_is_not_lower_case_says_so(image: str) -> None:
+    assert reference_problem(image) == (
+        "not an image reference ([registry[:port]/]repository[:tag][@sha256:digest]); its "
+        "repository is in lower case only (a runtime refuses upper case there)"
+    )
+
+
+@pytest.mark.parametrize("image", ["registry.example.com/x y:1", "Reg.example.com/a b"])
+def test_an_image_with_other_slips_gets_no_lower_case_hint(image: str) -> None:
+    problem = reference_problem(image)
+
+    assert problem is not None
+    assert "lower case" not in problem
+
+
 LOW, HIGH = RESCAN_INTERVAL_RANGE
 
 
