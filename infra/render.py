@@ -140,14 +140,19 @@ def check_out(out: Path) -> None:
     """`out` must be new, empty, or hold only what a render wrote, unchanged (its MARKER lists
     each file with its size and digest): render replaces it as a whole, and must never delete
     what it did not write."""
-    if out.exists() and not out.is_dir():
+    if os.path.exists(out) and not os.path.isdir(out):
         raise OutputError(f"--out {out}: not a directory: name a new or empty directory")
-    above = out.parent
-    while not above.exists() and above != above.parent:
+    above = out.parent  # os.path's: False, not PermissionError, under a dir it cannot enter
+    while not os.path.exists(above) and above != above.parent:
         above = above.parent
-    if not above.is_dir():  # --out under a regular file: mkdir would say "File exists"
+    if not os.path.isdir(above):  # --out under a regular file: mkdir would say "File exists"
         raise OutputError(f"--out {out}: {above} is not a directory")
-    if not out.is_dir():
+    if not os.path.isdir(out):
+        if not os.access(above, os.W_OK | os.X_OK):
+            raise OutputError(
+                f"--out {out}: {above} cannot be entered or written by this user: name a "
+                "directory it can write in"
+            )
         return
     if not os.path.ismount(out) and not os.access(out, os.W_OK | os.X_OK):
         # its copy would get its mode too, and the render fail inside that copy
@@ -230,7 +235,9 @@ def _out_dir(text: str) -> Path:
 def render(stack: str, out: Path, overrides: list[str] | None = None) -> list[Path]:
     """Render the stack into `out` (replaced as a whole, only on success); returns the files."""
     try:
-        if out.is_symlink() and not out.exists():  # resolving it would render somewhere else
+        # resolving a link to nothing would render somewhere else (os.path's: False, not
+        # PermissionError, under a dir this user cannot enter, which check_out names)
+        if os.path.islink(out) and not os.path.exists(out):
             try:
                 out.stat()
             except OSError as exc:

@@ -1676,6 +1676,27 @@ def test_an_out_its_user_cannot_write_is_named_not_its_parent(shared_dir: Path) 
     assert not [p for p in shared.iterdir() if p.name.startswith(".render-")]
 
 
+def test_an_out_under_a_dir_its_user_cannot_enter_names_that_dir(shared_dir: Path) -> None:
+    """Run as nobody: it was `--out ...: Permission denied`, with no fix."""
+    closed = shared_dir / "closed"
+    closed.mkdir()
+    closed.chmod(0o700)  # root's
+    out = closed / "sub"
+
+    done = subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+         sys.executable, "-m", "infra.render", "--stack", "dev", "--out", str(out)],
+        cwd=shared_dir, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR), "HOME": str(shared_dir)},
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"render: dev: error: --out {out}: {closed} cannot be entered or written by this user: "
+        "name a directory it can write in"
+    ]
+
+
 @pytest.mark.parametrize("written", ["0x10", "+5", "0o7", "1e1"])
 def test_a_number_in_a_stack_file_reaches_the_checks_as_written(
     tmp_path: Path, written: str
