@@ -366,6 +366,13 @@ class KubeApi:
             )
         if isinstance(exc, OSError):  # refused, unreachable, timed out
             return f"{self.address}: {exc}"
+        if isinstance(exc, http.client.IncompleteRead):
+            return f"{self.address} ended its answer early: is it an API server?"
+        if isinstance(exc, http.client.HTTPException):  # http.client's own words quote the peer
+            return (
+                f"{self.address} answered with something that is not HTTP "
+                f"({type(exc).__name__}): is the kubeconfig's server an API server?"
+            )
         return exc
 
     def _connection(self, timeout: float) -> http.client.HTTPSConnection:
@@ -457,6 +464,8 @@ def _body(response: http.client.HTTPResponse, what: str, started: float) -> byte
                 what, _SLOW, size, _DEADLINE,
             )  # fmt: skip
         chunks.append(chunk)
+    if response.length:  # read1 ends quietly where the connection does, short of its length
+        raise http.client.IncompleteRead(b"".join(chunks), response.length)
     return b"".join(chunks)
 
 
