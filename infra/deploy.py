@@ -177,6 +177,7 @@ _STDERR_LINES = 40
 _DRAIN_AFTER_EXIT = 2.0
 # A line of `pulumi`'s output is cut at this many bytes (a CLI can print megabytes on one).
 _LINE_MAX = 16384
+_CUT = f" … (cut at {_LINE_MAX // 1024} KiB)".encode()
 # `pulumi version` answers in well under a second; one that does not is not a usable CLI.
 _VERSION_TIMEOUT = 20
 
@@ -289,6 +290,7 @@ def _said(
         proc.stderr.fileno(): (err, on_error, bytearray()),
     }
     deadline: float | None = None
+    cut: set[int] = set()
     with selectors.DefaultSelector() as selector:
         for fd in lines_of:
             selector.register(fd, selectors.EVENT_READ)
@@ -302,16 +304,25 @@ def _said(
                 fd = key.fd
                 chunk = os.read(fd, 65536)
                 lines, callback, partial = lines_of[fd]
+                if fd in cut:  # the rest of a line already said, cut: up to its end
+                    end = chunk.find(b"\n")
+                    if end < 0 and chunk:
+                        continue
+                    cut.discard(fd)
+                    chunk = chunk[end + 1 :] if end >= 0 else chunk
                 partial += chunk
                 pieces: list[bytes] = [bytes(p) for p in partial.split(b"\n")]
                 partial[:] = pieces.pop() if chunk else b""
                 if not chunk:
                     selector.unregister(fd)
-                if len(partial) > _LINE_MAX:
+                if len(partial) > _LINE_MAX:  # said now, cut; the rest of it is dropped
                     pieces.append(bytes(partial))
                     partial.clear()
+                    cut.add(fd)
                 for piece in (p for p in pieces if p or chunk):
-                    line = piece[:_LINE_MAX].decode("utf-8", errors="replace").rstrip()
+                    if len(piece) > _LINE_MAX:
+                        piece = piece[:_LINE_MAX] + _CUT
+                    line = piece.decode("utf-8", errors="replace").rstrip()
                     if callback is not None:
                         callback(line)
                     lines.append(line)

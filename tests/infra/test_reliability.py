@@ -328,6 +328,22 @@ def test_a_version_check_a_child_keeps_open_is_not_run_again_unbounded(tmp_path:
     assert calls.read_text().split()[:2] == ["version", "--non-interactive"]
 
 
+def test_one_huge_line_of_the_engine_is_relayed_once_cut(tmp_path: Path) -> None:
+    """A 10 MB line was relayed as 2.5 MB of 16 KiB lines."""
+    path = _fake_pulumi(
+        tmp_path / "bin",
+        '#!/bin/sh\n[ "$1" = version ] && { echo v3.277.0; exit 0; }\n'
+        'case "$*" in *preview*) ;; *) exit 0;; esac\n'
+        "head -c 10000000 /dev/zero | tr '\\0' a; echo; echo after; exit 3\n",
+    )
+
+    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path)
+
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1, done.stderr
+    assert lines[1:] == ["a" * 16384 + " … (cut at 16 KiB)", "after"]
+
+
 def test_a_cli_killed_by_a_signal_is_said_by_the_signals_name(tmp_path: Path) -> None:
     path = _fake_pulumi(
         tmp_path / "bin",
