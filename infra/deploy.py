@@ -520,7 +520,10 @@ def pass_on(signum: int) -> None:
     global _stops
     if _checking_version.is_set():  # `pulumi version` is killed as the signal unwinds
         return
+    if _stops and _in_burst():
+        return
     _stops += 1
+    _first_stop.append(time.monotonic())
     running = children()
     if _stops > 1:
         _kill_pulumi()
@@ -537,6 +540,15 @@ def pass_on(signum: int) -> None:
 
 
 _killed = threading.Event()
+# Stop signals this soon after the first are the same stop (a supervisor's SIGTERM and SIGHUP,
+# one `kill` of several signals), not a second one: that kills `pulumi`, which may leave the
+# stack locked, and takes a person's second Ctrl-C.
+_BURST = 1.0
+_first_stop: list[float] = []
+
+
+def _in_burst() -> bool:
+    return bool(_first_stop) and time.monotonic() - _first_stop[0] < _BURST
 
 
 def _kill_pulumi() -> None:
@@ -561,7 +573,7 @@ def _watch_for_a_second_stop() -> None:
 
     def watch() -> None:
         while not _killed.is_set():
-            if any(b in stops for b in os.read(read_end, 64)):
+            if any(b in stops for b in os.read(read_end, 64)) and not _in_burst():
                 _kill_pulumi()
 
     threading.Thread(target=watch, name="second-stop", daemon=True).start()

@@ -1215,6 +1215,41 @@ def test_a_passphrase_file_deploy_cannot_read_is_said_as_not_masked(tmp_path: Pa
     )
 
 
+def test_a_burst_of_stop_signals_during_the_engine_is_one_stop_not_a_kill(
+    tmp_path: Path,
+) -> None:
+    """TERM, INT, HUP... back to back (a supervisor, one `kill` of several) killed `pulumi`,
+    which may leave the stack locked: they are the first stop, and `pulumi` cancels."""
+    script = (
+        '#!/bin/sh\nif [ "$1" = version ]; then echo v3.277.0; exit 0; fi\n'
+        "trap 'exit 130' INT\nsleep 300 & wait\n"
+    )
+    path = _fake_pulumi(tmp_path / "bin", script)
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path}
+    with subprocess.Popen(
+        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as proc:  # fmt: skip
+        assert proc.stdout is not None
+        try:
+            assert "the engine's output follows" in proc.stdout.readline()
+            time.sleep(1)  # into the engine's first command
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+                proc.send_signal(sig)
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+
+    sent = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
+    assert proc.returncode - 128 in sent, stderr  # the first the process took
+    assert (
+        stderr.splitlines()[-1]
+        == f"deploy: stopped by {signal.Signals(proc.returncode - 128).name}"
+    )
+    assert stderr.count("deploy: asked `pulumi` to cancel") == 1
+    assert "killed" not in stderr
+
+
 @pytest.mark.parametrize(
     "answer",
     ["exit 0\n", "printf '\\377\\376 not utf-8\\n'; exit 0\n"],
