@@ -147,7 +147,23 @@ def _only_certificates(data: object) -> bool:
         pem = base64.b64decode(data, validate=True).decode("ascii") if isinstance(data, str) else ""
     except (ValueError, UnicodeDecodeError):
         return False
-    return _PEM_CERTIFICATES.fullmatch(pem) is not None
+    if _PEM_CERTIFICATES.fullmatch(pem) is None:
+        return False
+    return all(_is_certificate(b) for b in re.findall(r"CERTIFICATE-----([^-]+)-----END", pem))
+
+
+def _is_certificate(body: str) -> bool:
+    """A block whose DER is an X.509 certificate's shape, a SEQUENCE whose first element is a
+    SEQUENCE (the signed part): a private key's is an INTEGER (its version), whatever label
+    it is given."""
+    try:
+        der = base64.b64decode("".join(body.split()), validate=True)
+    except ValueError:
+        return False
+    if len(der) < 4 or der[0] != 0x30:
+        return False
+    header = 2 + (der[1] & 0x7F if der[1] & 0x80 else 0)
+    return len(der) > header and der[header] == 0x30
 
 
 def kubeconfig_problem(text: str) -> str | None:

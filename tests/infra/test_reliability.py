@@ -586,9 +586,12 @@ def _b64(text: str) -> str:
      ("certificate-authority-data", _b64(_KEY), "clusters[0].cluster.certificate-authority-data"),
      ("certificate-authority-data", "bm90IGEgY2VydA==", "clusters[0].cluster.certificate-"),
      ("certificate-authority-data", "%%%", "clusters[0].cluster.certificate-authority-data"),
+     ("certificate-authority-data", _b64(_KEY.replace("PRIVATE KEY", "CERTIFICATE")),
+      "clusters[0].cluster.certificate-authority-data"),
      ("client-certificate-data", _b64(_CERT + _CERT), None),
      ("certificate-authority-data", _b64(_CERT), None)],
-    ids=["cert-and-key-bundle", "a-key-as-the-ca", "not-pem", "not-base64", "a-chain", "a-ca"],
+    ids=["cert-and-key-bundle", "a-key-as-the-ca", "not-pem", "not-base64",
+         "a-key-labelled-certificate", "a-chain", "a-ca"],
 )  # fmt: skip
 def test_inline_certificates_are_safe_only_as_certificates_alone(
     field: str, data: str, said: str | None
