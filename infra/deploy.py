@@ -304,22 +304,23 @@ def _said(
                 fd = key.fd
                 chunk = os.read(fd, 65536)
                 lines, callback, partial = lines_of[fd]
+                ended = not chunk
                 if fd in cut:  # the rest of a line already said, cut: up to its end
                     end = chunk.find(b"\n")
-                    if end < 0 and chunk:
+                    if end < 0 and not ended:
                         continue
                     cut.discard(fd)
-                    chunk = chunk[end + 1 :] if end >= 0 else chunk
+                    chunk = chunk[end + 1 :]
                 partial += chunk
                 pieces: list[bytes] = [bytes(p) for p in partial.split(b"\n")]
-                partial[:] = pieces.pop() if chunk else b""
-                if not chunk:
+                partial[:] = b"" if ended else pieces.pop()
+                if ended:
                     selector.unregister(fd)
                 if len(partial) > _LINE_MAX:  # said now, cut; the rest of it is dropped
                     pieces.append(bytes(partial))
                     partial.clear()
                     cut.add(fd)
-                for piece in (p for p in pieces if p or chunk):
+                for piece in (p for p in pieces if p or not ended):
                     if len(piece) > _LINE_MAX:
                         piece = piece[:_LINE_MAX] + _CUT
                     line = piece.decode("utf-8", errors="replace").rstrip()

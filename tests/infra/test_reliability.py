@@ -334,7 +334,9 @@ def test_one_huge_line_of_the_engine_is_relayed_once_cut(tmp_path: Path) -> None
         tmp_path / "bin",
         '#!/bin/sh\n[ "$1" = version ] && { echo v3.277.0; exit 0; }\n'
         'case "$*" in *preview*) ;; *) exit 0;; esac\n'
-        "head -c 10000000 /dev/zero | tr '\\0' a; echo; echo after; exit 3\n",
+        # the line's end alone in a read, then the next line: both must be read as such
+        "head -c 10000000 /dev/zero | tr '\\0' a; sleep 0.5; echo; sleep 0.5; echo after; "
+        "exit 3\n",
     )
 
     done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path)
