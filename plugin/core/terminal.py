@@ -5,6 +5,7 @@ cannot take what is written (full, closed): the exit code still says what happen
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import errno
 import logging
@@ -132,6 +133,9 @@ def exit_on_signals(prog: str, before: str = "") -> None:
 
     for sig in STOPS:
         signal.signal(sig, stop)
+    # at the exit, whatever handler is then set: Python's finalization gives every handler of
+    # its own the signal's default back, and a second signal there was a silent death (-15)
+    atexit.register(ignore_stops)
 
 
 def stop_on_signals(stop: asyncio.Event) -> None:

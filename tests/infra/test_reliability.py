@@ -1448,6 +1448,29 @@ def test_a_burst_of_different_stop_signals_is_one_line_and_the_first_ones_code(
         ]
 
 
+def test_stop_signals_a_few_ms_apart_are_one_stop_not_a_death_in_the_exit(
+    tmp_path: Path,
+) -> None:
+    """The second, landing while the first unwinds the program, met the default that Python's
+    finalization puts back: killed (-15) after saying it stopped by the first."""
+    for _ in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "infra.render", "--stack", "dev", "--out", "out"],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        _handling_signals(proc)
+        time.sleep(0.5)  # into its imports or its work
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+            time.sleep(0.02)
+        _, stderr = proc.communicate(timeout=60)
+
+        assert proc.returncode == 128 + signal.SIGINT, stderr
+        assert stderr.splitlines() == ["render: stopped by SIGINT"]
+
+
 def test_after_the_work_a_stop_signal_is_ignored_not_left_to_finalization(tmp_path: Path) -> None:
     # The interpreter's finalization puts SIG_DFL back for a handler written in Python: a
     # SIGTERM then, with the render written, killed it silently (-15). Ignored, it exits 0.
