@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast, get_args
 
+from plugin.core.secret import masked
 from plugin.core.userfiles import (
     ParseError,
     UnreadableError,
@@ -92,6 +93,20 @@ class ConfigError(ValueError):
     ) -> None:
         super().__init__(f"{why}: {fix}" if not problems else why)
         self.problems, self.field, self.why, self.fix = problems, field, why, fix
+
+
+def token_in(config: PluginConfig) -> ConfigError | None:
+    """A pool whose resource name holds the process's API token (pasted there): it would reach
+    the kubelet, the CDI spec, the checkpoint and the ResourceSlices, which carry names as
+    they are."""
+    for i, pool in enumerate(config.pools):
+        if masked(pool.resource_name) != pool.resource_name:
+            return ConfigError(
+                f"pools[{i}]: its name or prefix holds the API token",
+                field=f"pools[{i}].name",
+                fix="name the pool something else (the token goes in the kubeconfig only)",
+            )
+    return None
 
 
 def shared_device_id(pool_name: str, index: int) -> str:

@@ -38,8 +38,10 @@ _ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})|\\U([0-9a-fA-F]{8})|\\x([0-9a-fA-F]{2
 # A terminal's control sequences (colours, cursor moves: ESC [ ... final byte; ESC ] ... BEL or
 # ESC \), which a CLI may put between any two characters
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]")
-# Bytes written as decimal numbers, 8 or more (Go's %v of a []byte: [112 117 ...]; a list's repr)
+# Bytes written as numbers, 8 or more: decimal (Go's %v of a []byte: [112 117 ...]; a list's
+# repr) or 0x hex (Go's %#v: []byte{0x70, 0x75, ...}; C's initializers)
 _DECIMAL_BYTES = re.compile(r"\b[0-9]{1,3}(?:(?:, ?| )[0-9]{1,3}){7,}\b")
+_HEX_BYTES = re.compile(r"\b0x[0-9a-fA-F]{1,2}(?:(?:, ?| )0x[0-9a-fA-F]{1,2}){7,}\b")
 
 
 def _unescaped(match: re.Match[str]) -> str:
@@ -49,7 +51,11 @@ def _unescaped(match: re.Match[str]) -> str:
 
 
 def _as_bytes(match: re.Match[str]) -> str:
-    numbers = [int(n) for n in re.findall(r"[0-9]+", match.group(0))]
+    written = match.group(0)
+    if "0x" in written:
+        numbers = [int(n, 16) for n in re.findall(r"0x([0-9a-fA-F]+)", written)]
+    else:
+        numbers = [int(n) for n in re.findall(r"[0-9]+", written)]
     if max(numbers) > 255:
         return match.group(0)
     return bytes(numbers).decode("utf-8", errors="replace")
@@ -61,7 +67,7 @@ def decoded(text: str) -> str:
     compatibility form (a full-width letter is the letter), without combining marks
     (an accent put on each letter), NULs (UTF-16 read as bytes) and invisible format
     characters (a zero-width space between letters)."""
-    text = _DECIMAL_BYTES.sub(_as_bytes, text)
+    text = _HEX_BYTES.sub(_as_bytes, _DECIMAL_BYTES.sub(_as_bytes, text))
     for _ in range(_ROUNDS):  # a sequence may be escaped itself (a log line's `\x1b[1m`)
         plain = _ANSI.sub("", _ESCAPE.sub(_unescaped, html.unescape(unquote(text))))
         if plain == text:

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from plugin import launch
-from plugin.config import ConfigError, PluginConfig, load_config
+from plugin.config import ConfigError, PluginConfig, load_config, token_in
 from plugin.core import instance
 from plugin.core.discovery.choose import choose_discovery
 from plugin.core.discovery.model import DiscoveryError
@@ -60,13 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(spec.config_path, explicit=spec.config is not None)
         check_socket_paths(spec.device_plugin_dir, config)
+        api = _api(spec)  # before discovery, which may log: a refusal is the one line said
+        if api is not None:
+            hold(api.mask)
+        if (refused := token_in(config)) is not None:
+            raise refused
         discovery = choose_discovery(spec.discovery, spec.sysfs_root, spec.dev_root)
-        api = _api(spec)
     except (ConfigError, DiscoveryError, CredentialsError) as exc:
         say(f"rdma-device-plugin: {exc}")
         return 2
-    if api is not None:
-        hold(api.mask)
     logger.info(
         "discovery: %s; pools: %s",
         discovery.name,

@@ -8,7 +8,7 @@ import asyncio
 import logging
 
 from plugin import launch
-from plugin.config import ConfigError, load_config
+from plugin.config import ConfigError, load_config, token_in
 from plugin.core import instance
 from plugin.core.discovery.choose import choose_discovery
 from plugin.core.discovery.model import DiscoveryError
@@ -40,16 +40,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         config = load_config(spec.config_path, explicit=spec.config is not None)
-        discovery = choose_discovery(spec.discovery, spec.sysfs_root, spec.dev_root)
-        api = (
+        api = (  # before discovery, which may log: a refusal is the one line said
             KubeApi.from_kubeconfig(spec.kubeconfig)
             if spec.kubeconfig is not None
             else KubeApi.in_cluster()
         )
+        hold(api.mask)
+        if (refused := token_in(config)) is not None:
+            raise refused
+        discovery = choose_discovery(spec.discovery, spec.sysfs_root, spec.dev_root)
     except (ConfigError, DiscoveryError, CredentialsError, OSError) as exc:
         say(f"{driver.PROG}: {exc}")
         return 2
-    hold(api.mask)
     logger.info(
         "driver %s on node %s; discovery: %s; pools: %s",
         spec.driver_name,

@@ -108,3 +108,23 @@ async def test_a_kubelet_echoing_the_token_hears_it_masked_and_the_log_has_it_ma
     assert "(FAILED_PRECONDITION: nope <token>)" in said
     assert echo not in said + details
     assert TOKEN[:8] not in said + details
+
+
+async def test_a_pool_named_after_the_token_is_refused_at_start(
+    plugin: PluginProcess, short_tmp: Path, silent_api: int
+) -> None:
+    """Its name would reach the kubelet (the resource), the CDI spec and the checkpoint, which
+    carry names as they are: only the log was masked."""
+    name = TOKEN.lower().replace("-", "")[:20]  # a valid pool name, holding 20 of its characters
+    config = plugin.write_config(f"pools: [{{name: {name}}}]\n")
+
+    await plugin.start(config, kubeconfig=_kubeconfig(short_tmp, silent_api), node_name="n1")
+    code = await plugin.wait()
+
+    said = plugin.output()
+    assert code == 2, said
+    assert (
+        "rdma-device-plugin: pools[0]: its name or prefix holds the API token: name the pool "
+        in said
+    )
+    assert name not in said

@@ -62,6 +62,7 @@ def _b64(text: str) -> str:
         "echo " + str(list(TOKEN.encode())),
         "echo [" + " ".join(str(b) for b in TOKEN.encode()) + "]",
         "echo " + "".join(f"\\U{ord(c):08x}" for c in TOKEN),
+        "echo []byte{" + ", ".join(f"0x{b:x}" for b in TOKEN.encode()) + "}",
     ],
     ids=["raw", "upper-case", "base64", "base64-of-bearer", "base64-of-the-header",
          "base64-offset-1", "urlsafe-base64-offset-2", "hex", "hex-upper", "percent-twice",
@@ -71,7 +72,7 @@ def _b64(text: str) -> str:
          "base64-of-utf-16", "separators-removed", "an-accent-on-each-letter",
          "reversed-with-other-separators", "other-separators", "octal", "backslash-0-between",
          "utf-16-as-bytes", "zero-width-spaces", "ansi-every-2", "ansi-escaped-every-2",
-         "python-bytes-list", "go-bytes", "backslash-U"],
+         "python-bytes-list", "go-bytes", "backslash-U", "go-hex-bytes"],
 )  # fmt: skip
 def test_the_token_in_any_encoding_a_peer_may_echo_is_masked(said: str) -> None:
     masked = Mask(TOKEN)(said)
