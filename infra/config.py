@@ -440,10 +440,11 @@ def _network(k: Keys) -> tuple[NetworkPlan | None, list[str]]:
             f"{len(k.zone_ids)} zones) {_set_items('zoneIds')}"
         )
     if _REGION.fullmatch(k.region):  # a zone ID is its region's and more: cn-wulanchabu-c
-        problems += [
-            f"{_key(f'zoneIds[{i}]')}: {zone} is not a zone of {_key('region')} {k.region}: "
-            f"name one of its zones (pulumi config set --path '{_key(f'zoneIds[{i}]')}' "
-            f"{k.region}-<zone>), or the region {zone} is in {_set('region', '<region>')}"
+        problems += [  # described, not quoted: a value typed into the wrong key may be a secret
+            f"{_key(f'zoneIds[{i}]')}: not a zone of {_key('region')} {k.region} (got "
+            f"{described(zone)}): name one of its zones (pulumi config set --path "
+            f"'{_key(f'zoneIds[{i}]')}' {k.region}-<zone>), or set the region the zone is in "
+            f"{_set('region', '<region>')}"
             for i, zone in enumerate(k.zone_ids)
             if _CLOUD_ID.fullmatch(zone) and not (zone.startswith(k.region) and zone != k.region)
         ]
