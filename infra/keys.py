@@ -171,7 +171,9 @@ def known_keys() -> frozenset[str]:
 
 
 def _near(namespace: str, project: str) -> bool:
-    return difflib.SequenceMatcher(None, namespace, project).ratio() >= 0.75
+    """A misspelling of the project's name, in any letter case (Pulumi's keys are case-sensitive:
+    `Lingjun-RDMA:` is another namespace)."""
+    return difflib.SequenceMatcher(None, namespace.lower(), project.lower()).ratio() >= 0.75
 
 
 def unknown_key_problems(keys: Iterable[str]) -> list[str]:

@@ -1645,16 +1645,19 @@ def test_a_set_value_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
-def test_a_key_under_a_misspelt_project_name_is_named_with_ours(tmp_path: Path) -> None:
+@pytest.mark.parametrize("namespace", ["lingjun-rmda", "Lingjun-RDMA"])
+def test_a_key_under_a_misspelt_project_name_is_named_with_ours(
+    tmp_path: Path, namespace: str
+) -> None:
     done = _cli(
         "infra.render", "--stack", "local", "--out", "out",
-        "--set=lingjun-rmda:rdmaPodQps=true", cwd=tmp_path,
+        f"--set={namespace}:rdmaPodQps=true", cwd=tmp_path,
     )  # fmt: skip
 
     assert done.returncode == 1, done.stderr
     assert (
-        "lingjun-rdma:rdmaPodQps: given as lingjun-rmda:rdmaPodQps, a namespace this program does "
-        "not read: did you mean lingjun-rdma:rdmaPodQps?"
+        f"lingjun-rdma:rdmaPodQps: given as {namespace}:rdmaPodQps, a namespace this program "
+        "does not read: did you mean lingjun-rdma:rdmaPodQps?"
     ) in done.stderr
 
 
