@@ -173,6 +173,12 @@ def parse_yaml(text: str, names: AbstractSet[str] = frozenset()) -> Any:
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         # "expected a single document in the stream, but found another document"
         said = ", ".join(p for p in (exc.context, exc.problem) if p) or str(exc)
+        if (
+            mark
+            and text.splitlines()[mark.line : mark.line + 1]
+            and "\t" in (text.splitlines()[mark.line][: mark.column + 1])
+        ):  # YAML's "found character '\t' that cannot start any token"
+            said += ": YAML indents with spaces, not tabs"
         raise ParseError(f"{at}{_unquoted(said)}") from None
     except yaml.reader.ReaderError as exc:  # a character YAML does not allow, e.g. NUL
         char: object = exc.character

@@ -181,3 +181,17 @@ def test_a_file_replaced_keeps_its_permissions_and_a_new_one_is_0644(tmp_path: P
 
     assert (kept.read_text(), stat.S_IMODE(kept.stat().st_mode)) == ("A=1\n", 0o600)
     assert (new.read_text(), stat.S_IMODE(new.stat().st_mode)) == ("B=2\n", 0o644)
+
+
+def test_a_tab_where_yaml_wants_spaces_says_so() -> None:
+    with pytest.raises(ParseError) as caught:
+        parse_yaml("config:\n\tlingjun-rdma:x: 1\n")
+
+    assert str(caught.value).endswith(": YAML indents with spaces, not tabs")
+
+
+def test_another_yaml_slip_gets_no_tab_hint() -> None:
+    with pytest.raises(ParseError) as caught:
+        parse_yaml("a: [1,\n")
+
+    assert "tabs" not in str(caught.value)
