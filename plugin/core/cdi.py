@@ -187,10 +187,13 @@ class SpecFile:
             named = {d["name"]: d for d in entries if isinstance(d["name"], str)}
             self._devices = {n: d for n, d in named.items() if is_ours(d, n, self.host_dir)}
             if dropped := [shown(d["name"]) for d in entries if d not in self._devices.values()]:
-                logger.warning(  # the next allocation writes the file without them
-                    "%s: devices not as this plugin writes them, left out: %s",
+                logger.warning(  # and the file written without them now, not at the next use
+                    "%s: devices not as this plugin writes them, removed from it: %s",
                     self.path, ", ".join(dropped[:10]) + (" ..." if len(dropped) > 10 else ""),
                 )  # fmt: skip
+                self._write()
+        except CdiError as exc:  # the file could not be written without them
+            return str(exc)
         except UnreadableError as exc:
             return None if exc.missing else f"{self.path}: {exc}: move it away"
         except (ValueError, KeyError, TypeError):
@@ -203,8 +206,15 @@ class SpecFile:
             raise CdiError(self.problem)
         (entry,) = cast(list[object], spec(self.kind, {name: allocation})["devices"])
         if self._devices.get(name) != entry:
-            devices = {**self._devices, name: entry}
-            content = {"cdiVersion": CDI_VERSION, "kind": self.kind}
-            write_spec(self.cdi_dir, self.file_name, {**content, "devices": [*devices.values()]})
-            self._devices = devices
+            before = self._devices
+            self._devices = {**before, name: entry}
+            try:
+                self._write()
+            except CdiError:
+                self._devices = before
+                raise
         return device_id(self.kind, name)
+
+    def _write(self) -> None:
+        content = {"cdiVersion": CDI_VERSION, "kind": self.kind}
+        write_spec(self.cdi_dir, self.file_name, {**content, "devices": [*self._devices.values()]})

@@ -185,11 +185,14 @@ async def test_a_device_in_its_spec_file_that_it_never_writes_is_dropped_and_sai
     path.write_text(json.dumps({**spec, "devices": [ours, forged]}))
 
     await plugin.start(plugin.write_config(EXCLUSIVE), cdi_dir=cdi_dir)
-    await _allocate(await kubelet.wait_registrations(2), "mlx5_1")
+    registered = await kubelet.wait_registrations(2)
+    at_start = json.loads(path.read_text())  # removed at once, not at the next allocation
+    await _allocate(registered, "mlx5_1")
 
     rewritten = json.loads(path.read_text())
+    assert at_start["devices"] == [ours]
     assert [d["name"] for d in rewritten["devices"]] == ["hca_mlx5_0", "hca_mlx5_1"]
     assert rewritten["devices"][0] == ours  # what it wrote itself stays: it may be in use
-    assert f"{path}: devices not as this plugin writes them, left out: 'hca_mlx5_9'" in (
+    assert f"{path}: devices not as this plugin writes them, removed from it: 'hca_mlx5_9'" in (
         plugin.output()
     )
