@@ -9,7 +9,6 @@ off the host network gets its own from `plugin.podenv` in its namespace."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -440,8 +439,14 @@ def load_checkpoint(path: Path, cdi_kind: str, dev_root: Path) -> dict[str, Prep
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         problem = exc
     aside = path.with_suffix(".unreadable")
-    with contextlib.suppress(OSError):
+    try:
         os.replace(path, aside)
+    except OSError as exc:  # e.g. a directory there, and an earlier file at the aside name
+        logger.error(
+            "checkpoint %s cannot be read (%s), nor be moved to %s (%s): move it away; until "
+            "then no prepare can be checkpointed", path, problem, aside, exc.strerror or exc,
+        )  # fmt: skip
+        return {}
     logger.error("checkpoint %s cannot be read (%s): kept as %s", path, problem, aside)
     return {}
 

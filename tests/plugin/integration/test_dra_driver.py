@@ -694,6 +694,27 @@ async def test_a_checkpoint_that_cannot_be_read_is_kept_aside_and_the_driver_ser
     )
 
 
+async def test_a_checkpoint_that_cannot_be_moved_aside_is_said_so_not_said_kept(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    """A directory at the checkpoint's name, and an earlier file at its aside name: the log
+    said "kept as ....unreadable" though the rename had failed."""
+    driver = Driver(short_tmp, tree)
+    checkpoint = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
+    checkpoint.mkdir(parents=True)
+    checkpoint.with_suffix(".unreadable").write_text("an earlier one\n")
+    await driver.start()
+    try:
+        log = driver.log.read_text()
+    finally:
+        assert await driver.stop() == 0
+
+    assert f"checkpoint {checkpoint} cannot be read (" in log
+    assert f"nor be moved to {checkpoint.with_suffix('.unreadable')} (" in log
+    assert "kept as" not in log
+    assert checkpoint.with_suffix(".unreadable").read_text() == "an earlier one\n"
+
+
 @pytest.mark.parametrize("flag", ["plugins_registry_dir", "plugins_dir"])
 async def test_a_read_only_plugin_dir_is_one_line_naming_its_flag(
     short_tmp: Path, tree: SysfsTree, read_only_dir: Path, flag: str
