@@ -389,13 +389,12 @@ def check_project(project_dir: Path, stack: str, action: str = "up") -> None:
     """The project's files read as the program will read them: one line for what is wrong. A
     config the program would refuse is said, not refused, by an action that does not run it: a
     stack whose config a newer check refuses can still be destroyed as it is."""
+    named = escaped(str(project_dir))  # one line: a DeployError's lines are each a problem
     if project_dir.exists() and not project_dir.is_dir():
-        raise DeployError(
-            f"--project-dir {project_dir}: not a directory: name this project's checkout"
-        )
+        raise DeployError(f"--project-dir {named}: not a directory: name this project's checkout")
     if not (project_dir / "Pulumi.yaml").exists():
         raise DeployError(
-            f"--project-dir {project_dir}: no Pulumi.yaml there: name this project's checkout"
+            f"--project-dir {named}: no Pulumi.yaml there: name this project's checkout"
         )
     try:  # as render refuses it: before the engine, whose program would end in a traceback
         values, secret = stack_config(stack, project_dir=project_dir)

@@ -23,9 +23,11 @@ if TYPE_CHECKING:  # asyncio only then: its import (~25 ms) delayed the stop sig
 
 
 def say(line: str) -> None:
-    """One line on stderr (or one per problem), each bounded as a peer's text is: a 5000
-    character path quoted in it made a 5107 character line. If stderr can take it."""
-    bounded = "\n".join(one_line(part, SAID_MAX, keep_end=True) for part in line.split("\n"))
+    """One line on stderr, bounded as a peer's text is (a 5000 character path quoted in it made
+    a 5107 character line), its control characters escaped (a path with a line break in it
+    made two lines, the second looking like the program's own). A caller with several
+    problems says each. If stderr can take it."""
+    bounded = one_line(line, SAID_MAX, keep_end=True)
     if sys.stderr is not None:
         with contextlib.suppress(OSError):
             print(bounded, file=sys.stderr, flush=True)

@@ -1415,6 +1415,27 @@ def test_a_flag_that_takes_one_value_given_twice_is_refused(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("prog", "args"),
+    [("plugin.deviceplugin", ("--config", "/tmp/bad\nINJECTED line")),
+     ("plugin.deviceplugin", ("--kubeconfig", "/tmp/bad\nINJECTED line")),
+     ("plugin.dra", ("--kubeconfig", "/tmp/bad\nINJECTED line", "--node-name", "n1")),
+     ("plugin.podenv", ("--hcas", "mlx5_0", "--sysfs-root", "/tmp/bad\nINJECTED line")),
+     ("infra.deploy", ("preview", "--stack", "local", "--project-dir", "/tmp/bad\nINJECTED line"))],
+    ids=["plugin-config", "plugin-kubeconfig", "dra-kubeconfig", "podenv-sysfs", "deploy-project"],
+)  # fmt: skip
+def test_a_line_break_in_a_path_is_escaped_in_its_flags_refusal(
+    tmp_path: Path, prog: str, args: tuple[str, ...]
+) -> None:
+    """It made a second line, which deploy even prefixed as its own."""
+    done = _cli(prog, *args, cwd=tmp_path)
+
+    assert done.returncode == 2, done.stderr
+    (line,) = [ln for ln in done.stderr.splitlines() if "INJECTED" in ln]
+    assert "/tmp/bad\\nINJECTED line" in line
+    assert not [ln for ln in done.stderr.splitlines() if ln.startswith(("INJECTED", "deploy: INJ"))]
+
+
 def test_a_render_to_a_path_stdout_cannot_encode_is_said_escaped(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "infra.render", "--stack", "dev", "--out", "out-ü"],
