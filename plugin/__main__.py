@@ -15,5 +15,6 @@ PROGRAMS = (
 if sys.argv[1:] in (["--help"], ["-h"]):
     write_stdout(PROGRAMS)
     sys.exit(0)
-say("python -m plugin: name one of its programs:\n" + PROGRAMS.rstrip())
+for line in ("python -m plugin: name one of its programs:", *PROGRAMS.splitlines()):
+    say(line)
 sys.exit(2)

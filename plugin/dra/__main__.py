@@ -1,6 +1,10 @@
+import faulthandler
 import sys
 
 from plugin.core.terminal import exit_on_signals
+
+# a crash in native code (grpc's core) says where each thread was, not only -11
+faulthandler.enable()
 
 exit_on_signals("rdma-dra-driver", "before serving")  # the import below takes a while
 
