@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 from urllib.parse import urlencode, urlsplit
 
-from plugin.core.secret import Mask
+from plugin.core.secret import Mask, hold
 from plugin.core.terminal import host_port, one_line
 from plugin.core.userfiles import (
     ParseError,
@@ -128,6 +128,47 @@ def _field(
     raise CredentialsError(f"{where}: {field}: {why}: {fix}")
 
 
+class TokenFile:
+    """A token kept in a file that is rewritten under a running process (the kubelet rotates a
+    pod's projected service-account token; a kubeconfig's tokenFile): read again when the file
+    changes, as client-go does, so calls go on with the new token and the mask covers it."""
+
+    def __init__(self, path: Path, token: str) -> None:
+        self.path, self.token = path, token
+        self._seen = self._stamp()
+        self._lock = threading.Lock()
+
+    def _stamp(self) -> tuple[int, int, int] | None:
+        try:  # through the symlink the kubelet swaps (..data)
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def current(self) -> str:
+        """The token now: the file's, if it changed and holds one, else the last read."""
+        stamp = self._stamp()
+        with self._lock:
+            if stamp is None or stamp == self._seen:
+                return self.token
+            self._seen = stamp
+            try:
+                token = read_text(self.path, _TOKEN_MAX).strip()
+            except UnreadableError as exc:
+                logger.warning("tokenFile %s cannot be read (%s): the last token is used",
+                               self.path, exc)  # fmt: skip
+                return self.token
+            if not _TOKEN.fullmatch(token):  # a file being written, or not a token
+                logger.warning("tokenFile %s holds %s, not a token: the last token is used",
+                               self.path, described(token))  # fmt: skip
+                return self.token
+            if token != self.token:
+                hold(Mask(token, self.token))  # the old one may still be echoed
+                logger.info("tokenFile %s: a new token, used from now on", self.path)
+                self.token = token
+            return self.token
+
+
 @dataclass(frozen=True)
 class KubeApi:
     host: str
@@ -135,6 +176,7 @@ class KubeApi:
     context: ssl.SSLContext
     token: str | None = None
     prefix: str = ""  # the server URL's path
+    token_file: TokenFile | None = None  # where `token` was read: read again when it changes
 
     @property
     def address(self) -> str:
@@ -216,6 +258,7 @@ class KubeApi:
                    lambda: tls.load_verify_locations(cadata=_pem(ca)), ca)  # fmt: skip
         _client_cert(where, tls, user)
         token = user.get("token")
+        token_file = None
         if token is None and "tokenFile" in user:
             token_file = Path(str(user["tokenFile"]))
             token = _field(where, "tokenFile", lambda: read_text(token_file, _TOKEN_MAX)).strip()
@@ -223,7 +266,7 @@ class KubeApi:
                 raise CredentialsError(
                     f"{where}: tokenFile {token_file}: empty: it must hold the token"
                 )
-        return KubeApi.at(server, tls, token, where)
+        return KubeApi.at(server, tls, token, where, token_file)
 
     @staticmethod
     def in_cluster() -> KubeApi:
@@ -247,10 +290,15 @@ class KubeApi:
         )
         if not token.strip():
             raise CredentialsError(f"{where}: token: empty: {fix}")
-        return KubeApi.at(f"https://{host}:{port}", tls, token.strip(), "KUBERNETES_SERVICE_HOST")
+        return KubeApi.at(
+            f"https://{host}:{port}", tls, token.strip(), "KUBERNETES_SERVICE_HOST",
+            SERVICE_ACCOUNT / "token",
+        )  # fmt: skip
 
     @staticmethod
-    def at(server: str, tls: ssl.SSLContext, token: object, where: str) -> KubeApi:
+    def at(
+        server: str, tls: ssl.SSLContext, token: object, where: str, token_file: Path | None = None
+    ) -> KubeApi:
         if token is not None and not isinstance(token, str):
             raise CredentialsError(f"{where}: token: {described(token)}, not text: {_FIX}")
         bearer = None if token is None else token.strip()  # a YAML block scalar's newline
@@ -289,7 +337,8 @@ class KubeApi:
                 "not take: remove it, log in with a token or a client certificate"
             )
         # a path (a proxy's, e.g. Rancher's /k8s/clusters/c-1) prefixes every call, as client-go
-        return KubeApi(host, port, tls, bearer, url.path.rstrip("/"))
+        rotated = None if token_file is None or bearer is None else TokenFile(token_file, bearer)
+        return KubeApi(host, port, tls, bearer, url.path.rstrip("/"), rotated)
 
     def call(
         self,
@@ -390,8 +439,9 @@ class KubeApi:
         content_type: str,
     ) -> http.client.HTTPResponse:
         headers = {"Accept": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
+        token = self.token_file.current() if self.token_file else self.token
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         if data is not None:
             headers["Content-Type"] = content_type
         target = self.prefix + path + ("?" + urlencode(query) if query else "")

@@ -237,12 +237,16 @@ _held = Mask()
 
 
 def hold(mask: Mask) -> None:
-    """The process's secrets from now on (set once, at start, by a front end): masked in every
-    handler of its log and by `masked`."""
+    """The process's secrets from now on (set at start by a front end, again when its token is
+    rotated): masked in every handler of its log and by `masked`."""
     global _held
     _held = mask
     for handler in logging.getLogger().handlers:
-        handler.addFilter(MaskedLog(mask))
+        held = [f for f in handler.filters if isinstance(f, MaskedLog)]
+        for log in held:
+            log.mask = mask
+        if not held:
+            handler.addFilter(MaskedLog(mask))
 
 
 def masked(text: str) -> str:

@@ -1,8 +1,10 @@
-"""What the API client says of a peer that answers, but not in HTTP: a port that is not the API
-server's (an SSH daemon), a broken proxy."""
+"""The API client against a raw TLS peer: what it says of one that answers, but not in HTTP (a
+port that is not the API server's, a broken proxy), and the token it sends as its file rotates."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import ssl
 import subprocess
@@ -13,11 +15,13 @@ from pathlib import Path
 import pytest
 
 from plugin.core.kubeapi import KubeApi, KubeApiError
+from plugin.core.secret import Mask, hold, masked
 
 
 @pytest.fixture
 def raw_tls(tmp_path: Path) -> Iterator[tuple[int, list[bytes]]]:
-    """A TLS server that answers every connection with the bytes put in its list."""
+    """A TLS server that answers every connection with the first bytes put in its list, and
+    appends each request it read to it."""
     key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-nodes", "-newkey", "rsa:2048", "-days", "1",
@@ -37,8 +41,9 @@ def raw_tls(tmp_path: Path) -> Iterator[tuple[int, list[bytes]]]:
                 return
             try:
                 with context.wrap_socket(conn, server_side=True) as tls:
-                    tls.recv(65536)
+                    request = tls.recv(65536)
                     tls.sendall(answer[0])
+                    answer.append(request)
             except OSError:
                 continue
 
@@ -73,3 +78,39 @@ def test_an_answer_that_is_not_http_is_said_as_such_not_quoted(
     assert f"GET /api/v1/nodes/n1: 127.0.0.1:{port} {said}" in message
     assert "SSH-2.0" not in message
     assert "\r" not in message
+
+
+def test_a_token_file_rewritten_under_a_running_client_is_read_again(
+    raw_tls: tuple[int, list[bytes]], tmp_path: Path
+) -> None:
+    """The kubelet rotates a pod's projected token (and a kubeconfig's tokenFile may be
+    rewritten): the token read at start was sent for good, and the mask did not cover the new."""
+    port, exchanged = raw_tls
+    exchanged.append(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+    token_file = tmp_path / "token"
+    token_file.write_text("first-token-0123456789\n")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "clusters": [{"name": "c", "cluster": {
+            "server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"tokenFile": str(token_file)}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }))  # fmt: skip
+    api = KubeApi.from_kubeconfig(kubeconfig)
+    hold(api.mask)
+
+    api.call("GET", "/api/v1/nodes/n1")
+    rotated = tmp_path / "token.new"
+    rotated.write_text("second-token-9876543210\n")
+    os.replace(rotated, token_file)  # as the kubelet swaps it in
+    api.call("GET", "/api/v1/nodes/n1")
+    token_file.write_text("\n")  # being written: not a token
+    api.call("GET", "/api/v1/nodes/n1")
+
+    sent = [r.split(b"Authorization: Bearer ")[1].split(b"\r\n")[0] for r in exchanged[1:]]
+    first, second = b"first-token-0123456789", b"second-token-9876543210"
+    assert sent == [first, second, second]  # a file being written keeps the last good token
+    assert masked("echo second-token-9876543210") == "echo <token>"
+    assert masked("echo first-token-0123456789") == "echo <token>"
+    hold(Mask())
