@@ -457,11 +457,10 @@ def _network(k: Keys) -> tuple[NetworkPlan | None, list[str]]:
                 f"{_set_items('vswitchCidrs')}"
             )
     for i, (ka, a) in enumerate(switches):
-        for kb, b in switches[i + 1 :]:
+        for j, (kb, b) in enumerate(switches[i + 1 :], i + 1):
             if a.overlaps(b):
-                problems.append(
-                    f"{_key(ka)}: {a} overlaps {_key(kb)} {b} {_set_items('vswitchCidrs')}"
-                )
+                fix = _moved(vpc, switches, j)
+                problems.append(f"{_key(ka)}: {a} overlaps {_key(kb)} {b} {fix}")
     if nets["serviceCidr"].overlaps(vpc):
         problems.append(
             f"{_key('serviceCidr')}: {nets['serviceCidr']} overlaps {_key('vpcCidr')} {vpc}: "
@@ -469,6 +468,39 @@ def _network(k: Keys) -> tuple[NetworkPlan | None, list[str]]:
         )
     plan = NetworkPlan(k.vpc_cidr, k.vswitch_cidrs, k.zone_ids, k.ipv6, k.service_cidr)
     return (None if problems else plan), problems
+
+
+def _moved(
+    vpc: ipaddress.IPv4Network, switches: list[tuple[str, ipaddress.IPv4Network]], j: int
+) -> str:
+    """The fix for vSwitch j overlapping another: the first range of its size in the VPC that
+    none of the others overlaps (one suggestion of many), or that the VPC has none left."""
+    key, net = switches[j]
+    taken = [n for i, (_, n) in enumerate(switches) if i != j]
+    free = _disjoint(vpc, max(net.prefixlen, vpc.prefixlen), taken)
+    if free is None:
+        return f"and {_key('vpcCidr')} has no /{net.prefixlen} left {_set_items('vswitchCidrs')}"
+    values = [str(free) if i == j else str(n) for i, (_, n) in enumerate(switches)]
+    return (
+        f"(pulumi config set --path '{_key(key)}' {free}; "
+        f"render: --set 'vswitchCidrs={json.dumps(values, separators=(',', ':'))}')"
+    )
+
+
+def _disjoint(
+    vpc: ipaddress.IPv4Network, prefix: int, taken: list[ipaddress.IPv4Network]
+) -> ipaddress.IPv4Network | None:
+    """The lowest /prefix of vpc that overlaps none of taken: each candidate hit skips past
+    the range hitting it, so at most len(taken) + 1 candidates are tried."""
+    size = 1 << (32 - prefix)
+    at, end = int(vpc.network_address), int(vpc.broadcast_address)
+    while at + size - 1 <= end:
+        candidate = ipaddress.IPv4Network((at, prefix))
+        hit = next((t for t in taken if t.overlaps(candidate)), None)
+        if hit is None:
+            return candidate
+        at = max(at + size, -(-(int(hit.broadcast_address) + 1) // size) * size)
+    return None
 
 
 def _cidrs(k: Keys) -> tuple[dict[str, ipaddress.IPv4Network], list[str]]:

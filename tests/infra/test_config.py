@@ -88,6 +88,28 @@ def test_overlapping_vswitch_cidrs_are_refused() -> None:
     message = _error(vswitchCidrs='["192.168.0.0/20", "192.168.8.0/24"]', zoneIds='["z-a", "z-b"]')
 
     assert "lingjun-rdma:vswitchCidrs[0]: 192.168.0.0/20 overlaps" in message
+    # the fix moves the later one to the VPC's first free range of its size, not to its own value
+    assert (
+        "(pulumi config set --path 'lingjun-rdma:vswitchCidrs[1]' 192.168.16.0/24; "
+        """render: --set 'vswitchCidrs=["192.168.0.0/20","192.168.16.0/24"]')"""
+    ) in message
+
+
+def test_the_fix_for_an_overlap_skips_every_range_taken() -> None:
+    cidrs = '["192.168.0.0/24", "192.168.1.0/24", "192.168.0.128/25", "192.168.3.0/24"]'
+    message = _error(vswitchCidrs=cidrs, zoneIds='["z-a", "z-b", "z-c", "z-d"]')
+
+    assert "vswitchCidrs[2]' 192.168.2.0/25;" in message
+
+
+def test_an_overlap_in_a_full_vpc_says_the_vpc_has_no_room() -> None:
+    message = _error(
+        vpcCidr="192.168.0.0/24",
+        vswitchCidrs='["192.168.0.0/25", "192.168.0.128/25", "192.168.0.0/25"]',
+        zoneIds='["z-a", "z-b", "z-c"]',
+    )
+
+    assert "and lingjun-rdma:vpcCidr has no /25 left (pulumi config set --path" in message
 
 
 def test_vswitch_outside_the_vpc_is_refused() -> None:
