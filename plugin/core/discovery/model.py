@@ -98,7 +98,10 @@ class Hca:
         """None when a port of this HCA is ACTIVE; else the state of each."""
         if any(p.active for p in self.ports):
             return None
-        states = ", ".join(f"port {p.number} {p.state}" for p in self.ports) or "no ports"
+        unread = "; ".join(p for p in self.problems if "/ports" in p)  # sysfs._numbered
+        states = ", ".join(f"port {p.number} {p.state}" for p in self.ports) or (
+            f"no ports read: {unread}" if unread else "no ports"
+        )
         return f"{self.name}: no ACTIVE port ({states})"
 
 

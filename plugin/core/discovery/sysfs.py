@@ -263,8 +263,14 @@ def _is_device(path: Path) -> bool:
 
 def _numbered(directory: Path, problems: list[str]) -> list[str]:
     """The entries named by a number (ports, GID slots), in order; anything else is skipped
-    and named in `problems`."""
-    names = _listdir(directory)
+    and named in `problems`, as is a directory that is there but cannot be listed."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:  # a file, a FIFO, no permission: "no ports" would blame the link
+        problems.append(f"{directory}: cannot be listed ({exc.strerror or exc})")
+        return []
     stray = sorted(n for n in names if decimal(n) is None)
     if stray:
         problems.append(f"{directory}: unexpected entries {shown(stray)} skipped")

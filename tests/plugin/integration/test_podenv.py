@@ -4,6 +4,7 @@ addresses), reading the GID tables of a fixture sysfs tree: the addresses come f
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -263,6 +264,22 @@ def test_a_fifo_in_sysfs_is_not_waited_on(tree: SysfsTree, pod_netns: str) -> No
 
     assert done.returncode == 1
     assert "mlx5_0: no ACTIVE port (port 1 UNREADABLE)" in done.stderr
+
+
+def test_a_ports_entry_that_cannot_be_listed_is_named(tree: SysfsTree, pod_netns: str) -> None:
+    """Not "no ports", which sends the user to the link: the entry that could not be read."""
+    _address(pod_netns, f"{POD_A}/64")
+    ports = tree.port_dir("mlx5_0").parent.resolve()
+    shutil.rmtree(ports)
+    os.mkfifo(ports)
+
+    done = podenv(pod_netns, "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0")
+
+    assert done.returncode == 1
+    assert (
+        "mlx5_0: no ACTIVE port (no ports read: "
+        f"{tree.sys}/class/infiniband/mlx5_0/ports: cannot be listed (Not a directory))"
+    ) in done.stderr
 
 
 def _podenv_here(

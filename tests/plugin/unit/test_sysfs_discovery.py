@@ -201,7 +201,10 @@ def test_an_hca_whose_ports_are_not_a_directory_has_none_and_the_others_are_serv
     hcas = scan(tree)
 
     assert hcas["mlx5_0"].ports == ()
-    assert hcas["mlx5_0"].unhealthy_reason() == "mlx5_0: no ACTIVE port (no ports)"
+    assert hcas["mlx5_0"].unhealthy_reason() == (
+        f"mlx5_0: no ACTIVE port (no ports read: {tree.sys}/class/infiniband/mlx5_0/ports: "
+        "cannot be listed (Not a directory))"
+    )
     assert hcas["mlx5_1"].unhealthy_reason() is None
 
 
