@@ -20,8 +20,6 @@ from bisect import bisect_left
 from collections.abc import Callable
 from urllib.parse import unquote
 
-from plugin.core.terminal import escaped
-
 MASK = "<token>"
 # A run of this many characters of the token (or of one of its encodings) is masked: a peer
 # may clip a long value, and a shorter run could be ordinary text.
@@ -50,35 +48,110 @@ def _unescaped(match: re.Match[str]) -> str:
     return chr(code) if code <= sys.maxunicode else match.group(0)
 
 
+# The bytes a text's UTF-8 or UTF-16 is made of: printable, white space, NUL
+_TEXT_BYTES = frozenset((0, 9, 10, 13, *range(32, 256)))
+
+
 def _as_bytes(match: re.Match[str]) -> str:
     written = match.group(0)
     if "0x" in written:
         numbers = [int(n, 16) for n in re.findall(r"0x([0-9a-fA-F]+)", written)]
     else:
         numbers = [int(n) for n in re.findall(r"[0-9]+", written)]
-    if max(numbers) > 255:
+    if not all(n in _TEXT_BYTES for n in numbers):  # counts, ports, IDs: not a text's bytes
         return match.group(0)
     return bytes(numbers).decode("utf-8", errors="replace")
 
 
-def decoded(text: str) -> str:
-    """`text` without terminal control sequences, with decimal byte lists read as text,
-    percent-, HTML- and backslash-unescaped until it no longer changes, and in Unicode's
-    compatibility form (a full-width letter is the letter), without combining marks
-    (an accent put on each letter), NULs (UTF-16 read as bytes) and invisible format
-    characters (a zero-width space between letters)."""
-    text = _HEX_BYTES.sub(_as_bytes, _DECIMAL_BYTES.sub(_as_bytes, text))
+# Percent-escaped bytes (a run of them is one UTF-8 text) and HTML's character references
+# (html.unescape's own pattern: numeric, or a name with or without its `;`)
+_PERCENT = re.compile(r"(?:%[0-9a-fA-F]{2})+")
+_CHARREF = re.compile(r"&(#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[^\t\n\f <&#;]{1,32};?)")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+
+
+class _Decoded:
+    """A text decoded, and for each of its characters the span of the original text it was
+    decoded from: a secret found in it is masked in the text as it came, the rest kept as is."""
+
+    def __init__(self, text: str, starts: list[int], ends: list[int]) -> None:
+        self.text, self.starts, self.ends = text, starts, ends
+
+    @classmethod
+    def of(cls, text: str) -> _Decoded:
+        return cls(text, list(range(len(text))), list(range(1, len(text) + 1)))
+
+    def sub(self, pattern: re.Pattern[str], new: Callable[[re.Match[str]], str]) -> _Decoded:
+        """Each match of `pattern` replaced by what `new` makes of it: its characters come from
+        the whole match."""
+        text, starts, ends = self.text, self.starts, self.ends
+        pieces: list[str] = []
+        new_starts: list[int] = []
+        new_ends: list[int] = []
+        at = 0
+        for match in pattern.finditer(text):
+            a, b = match.span()
+            replaced = new(match)
+            if replaced == match.group(0):
+                continue
+            pieces += [text[at:a], replaced]
+            new_starts += starts[at:a] + [starts[a]] * len(replaced)
+            new_ends += ends[at:a] + [ends[b - 1]] * len(replaced)
+            at = b
+        if not pieces:
+            return self
+        pieces.append(text[at:])
+        return _Decoded("".join(pieces), new_starts + starts[at:], new_ends + ends[at:])
+
+    def normalized(self) -> _Decoded:
+        """In Unicode's compatibility form without combining marks, NULs and format characters
+        (each character decomposed on its own: the marks it could be reordered with go)."""
+        if self.text.isascii():
+            return self.sub(_NUL, lambda _: "")
+        chars: list[str] = []
+        starts: list[int] = []
+        ends: list[int] = []
+        for i, c in enumerate(self.text):
+            for part in unicodedata.normalize("NFKD", c):
+                if _kept(part):
+                    chars.append(part)
+                    starts.append(self.starts[i])
+                    ends.append(self.ends[i])
+        spread = _Decoded("".join(chars), starts, ends)
+        # composed again (Hangul jamo into a syllable): ASCII composes with nothing kept here
+        return spread.sub(_NON_ASCII, lambda m: unicodedata.normalize("NFC", m.group(0)))
+
+
+_NUL = re.compile("\0")
+
+
+def _kept(c: str) -> bool:
+    return not unicodedata.combining(c) and c != "\0" and unicodedata.category(c) != "Cf"
+
+
+def _decode(text: str) -> _Decoded:
+    """`text` without terminal control sequences, with byte lists read as text, percent-,
+    HTML- and backslash-unescaped until it no longer changes, and in Unicode's compatibility
+    form (a full-width letter is the letter), without combining marks (an accent put on each
+    letter), NULs (UTF-16 read as bytes) and invisible format characters (a zero-width space
+    between letters)."""
+    found = _Decoded.of(text).sub(_DECIMAL_BYTES, _as_bytes).sub(_HEX_BYTES, _as_bytes)
     for _ in range(_ROUNDS):  # a sequence may be escaped itself (a log line's `\x1b[1m`)
-        plain = _ANSI.sub("", _ESCAPE.sub(_unescaped, html.unescape(unquote(text))))
-        if plain == text:
+        plain = (
+            found.sub(_PERCENT, lambda m: unquote(m.group(0)))
+            .sub(_CHARREF, lambda m: html.unescape(m.group(0)))
+            .sub(_ESCAPE, _unescaped)
+            .sub(_ANSI, lambda _: "")
+        )
+        if plain.text == found.text:
             break
-        text = plain
-    spread = unicodedata.normalize("NFKD", text)
-    kept = "".join(
-        c for c in spread
-        if not unicodedata.combining(c) and c != "\0" and unicodedata.category(c) != "Cf"
-    )  # fmt: skip
-    return unicodedata.normalize("NFC", kept)
+        found = plain
+    return found.normalized()
+
+
+def decoded(text: str) -> str:
+    """`text` as a secret in it is looked for (see _decode)."""
+    return _decode(text).text
 
 
 def _cores(secret: bytes, group: int, bits: int, encode: Callable[[bytes], bytes]) -> set[str]:
@@ -152,17 +225,25 @@ class Mask:
             return text
         if len(text) > TEXT_MAX:  # no message is that long: what is said of it is cut anyway
             text = f"{text[:TEXT_MAX]}… ({len(text)} characters)"
-        plain = decoded(text)
-        spans = self._spans(plain)
+        found = _decode(text)
+        spans = self._spans(found.text)
         if not spans:
             return text
+        # where each span came from in `text`: the rest of it is kept as it came
+        places: list[tuple[int, int]] = []
+        for start, end in spans:
+            a, b = found.starts[start], found.ends[end - 1]
+            while b < len(text) and not _kept(text[b]):  # its last letter's accent, UTF-16's NUL
+                b += 1
+            if places and a <= places[-1][1]:
+                a = places.pop()[0]
+            places.append((a, b))
         out: list[str] = []
         at = 0
-        for start, end in spans:
-            out += [plain[at:start], self._label]
-            at = end
-        # decoded, the text may hold a control character that was escaped as it came
-        return escaped("".join(out) + plain[at:])
+        for a, b in places:
+            out += [text[at:a], self._label]
+            at = b
+        return "".join(out) + text[at:]
 
     def _spans(self, plain: str) -> list[tuple[int, int]]:
         """The parts of `plain` that are a secret: sorted, apart from each other."""

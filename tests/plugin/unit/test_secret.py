@@ -103,6 +103,17 @@ def test_a_text_without_the_token_is_kept_as_it_is(secret: str, said: str) -> No
     assert Mask(None)(said) == said
 
 
+def test_only_the_token_is_masked_the_rest_kept_as_it_came() -> None:
+    """The token is found in the decoded text, but masked where it came from: a message's other
+    escapes, digits and entities are not rewritten (byte lists became control characters)."""
+    percent = "".join(f"%{b:02X}" for b in TOKEN.encode())
+    rest = "at /srv/a%2Fb ports 1 3 5 7 9 11 13 15 &amp; \\x41"
+
+    said = Mask(TOKEN)(f"403 for {percent} {rest} {TOKEN}\x1b[0m and {' '.join(TOKEN)}.")
+
+    assert said == f"403 for {MASK} {rest} {MASK}\x1b[0m and {MASK}."
+
+
 def test_a_short_token_is_masked_as_a_word_of_its_own_only() -> None:
     mask = Mask("t")
 
