@@ -54,7 +54,7 @@ from plugin.core.userfiles import (
     UnreadableError,
     read_text,
     shown,
-    write_atomically,
+    staged,
 )
 
 KUBERNETES_VERSION = "1.34.0"
@@ -341,9 +341,11 @@ def _like(staging: Path, out: Path) -> None:
 
 
 def _write_in_place(out: Path, texts: dict[str, str]) -> Path | None:
-    """`out` is a mount point (a container's volume), which no rename can swap: the previous
-    render's files, where unchanged, are replaced one by one, each file whole, the MARKER last,
-    with signals held off until it is done. Returns `out` when other files are in it."""
+    """`out` is a mount point (a container's volume), which no rename can swap: every new file
+    is written beside the old ones first, so a volume too full for both keeps the previous
+    render whole; then, signals held off, each is renamed onto its name, the previous render's
+    other files (where unchanged) are removed, and the MARKER goes last. Returns `out` when
+    other files are in it."""
     old = _written(out)
     ours = {**old, MARKER: _digest(out / MARKER)} if old else {}
     taken = [n for n in texts if (out / n).exists() and _digest(out / n) != ours.get(n)]
@@ -352,37 +354,31 @@ def _write_in_place(out: Path, texts: dict[str, str]) -> Path | None:
             f"--out {out}: {', '.join(taken[:3])} appeared in it while this render ran; move "
             "them away and render again"
         )
-    wrote = 0
+    temps: dict[str, str] = {}
     try:
+        try:
+            for name, text in texts.items():
+                temps[name] = staged(out / name, text)
+        except OSError as exc:
+            said = [f"--out {out}: cannot write in it ({exc.strerror})"]
+            if old:
+                said.append("the previous render there is kept whole")
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                size = sum(len(t.encode()) for t in texts.values()) // 1024 + 1
+                said.append(f"this render needs {size} KiB free beside it")
+            raise OutputError(": ".join(said)) from None
         with deferred():
-            for name, digest in old.items():
-                if name not in texts and _digest(out / name) == digest:
-                    (out / name).unlink()
-            for name, text in texts.items():  # MARKER last: it lists what is now there
-                write_atomically(out / name, text)
-                wrote += 1
-    except OSError as exc:
-        _undo_in_place(out, texts, old)
-        files = f"{wrote} file" + ("s" if wrote > 1 else "")
-        undone = f": what it wrote there ({files}) is removed again" if wrote else ""
-        raise OutputError(f"--out {out}: cannot write in it ({exc.strerror}){undone}") from None
+            for name in [n for n in texts if n != MARKER]:
+                os.replace(temps.pop(name), out / name)
+            for gone, digest in old.items():
+                if gone not in texts and _digest(out / gone) == digest:
+                    (out / gone).unlink()
+            os.replace(temps.pop(MARKER), out / MARKER)  # last: it lists what is now there
+    finally:
+        for tmp in temps.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
     return out if any(p.name not in texts for p in out.iterdir()) else None
-
-
-def _undo_in_place(out: Path, texts: dict[str, str], old: dict[str, list[object]]) -> None:
-    """After a write in place failed (the volume full): the files it wrote are removed, and the
-    list names what is left of the previous render, unchanged. Nothing else is touched, and the
-    next render finds a render's directory, not files no list names."""
-    for name, text in texts.items():
-        if name != MARKER and _digest(out / name) == _text_digest(text):
-            (out / name).unlink()
-    left = {n: d for n, d in old.items() if _digest(out / n) == d}
-    with contextlib.suppress(OSError):  # space was freed above; if not, the list stays stale
-        if left:
-            marker = {"writer": "python -m infra.render (what a failed render left)", "files": left}
-            write_atomically(out / MARKER, json.dumps(marker, indent=1, sort_keys=True) + "\n")
-        elif old:  # the previous render's list, which check_out found ours
-            (out / MARKER).unlink(missing_ok=True)
 
 
 def _remove_render(directory: Path) -> Path | None:

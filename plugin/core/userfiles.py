@@ -343,6 +343,17 @@ def write_atomically(path: Path, text: str) -> None:
     """`path` holds `text` whole, or is left as it was; only a regular file (or none) is
     replaced, keeping its permissions (a file made 0600 stays so), else 0644: a device, FIFO,
     symlink or directory there is refused, never overwritten."""
+    tmp = staged(path, text)
+    try:
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def staged(path: Path, text: str) -> str:
+    """A new file beside `path` holding `text` whole on disk, with the permissions `path` would
+    keep (see write_atomically), for the caller to rename onto it (or remove)."""
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
@@ -358,10 +369,11 @@ def write_atomically(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())  # whole on disk before it has the name (a crash, a reboot)
         os.chmod(tmp, stat.S_IMODE(mode))
-        os.replace(tmp, path)
-    finally:
+    except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        raise
+    return tmp
 
 
 def unknown_key(key: object, known: Iterable[str]) -> tuple[str, str]:

@@ -1336,30 +1336,32 @@ def test_an_out_that_is_a_mount_point_is_rendered_in_place(mounted_out: Path) ->
     assert (mounted_out / "mywork.txt").read_text() == "precious"
 
 
-def test_a_volume_that_fills_up_is_left_as_a_render_the_next_one_can_replace(
-    tmp_path: Path,
-) -> None:
-    """A render in place runs out of space half way: what it wrote is removed again, and once
-    there is room the next render goes through (its own leftovers blocked it)."""
+def test_a_volume_too_full_for_a_render_keeps_the_previous_one_whole(tmp_path: Path) -> None:
+    """A render in place needs room for its files beside the previous render's: when there is
+    none, the previous render is left whole (it was left partial), and once there is room the
+    next render goes through."""
     out = tmp_path / "vol"
     out.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=44k", "tmpfs", str(out)], check=True)
     try:
         small = render("dev", out, ["sampleJobs=[]"])
-        with pytest.raises(OutputError, match="No space left on device"):
+        before = {p.name: p.read_bytes() for p in small}
+        with pytest.raises(OutputError) as refused:
             render("dev", out)
-        left = sorted(out.iterdir())
-        marker = json.loads((out / MARKER).read_text()) if (out / MARKER).exists() else None
+        left = {p.name: p.read_bytes() for p in out.iterdir()}
         subprocess.run(["mount", "-o", "remount,size=1m", str(out)], check=True)
         again = render("dev", out)
+        after = sorted(out.iterdir())
     finally:
         subprocess.run(["umount", "-l", str(out)], check=True)
 
-    assert set(left) <= set(small)  # no file of the failed render, only the first one's
-    assert marker is None or sorted(marker["files"]) == sorted(
-        p.name for p in left if p.name != MARKER
+    assert str(refused.value).startswith(
+        f"--out {out}: cannot write in it (No space left on device): the previous render there "
+        "is kept whole: this render needs "
     )
+    assert left == before
     assert "job-lingjun-rdma-perftest.yaml" in [p.name for p in again]
+    assert after == again
 
 
 def test_a_volume_under_a_read_only_root_is_rendered_in_place(tmp_path: Path) -> None:
