@@ -129,29 +129,33 @@ def _kept(c: str) -> bool:
     return not unicodedata.combining(c) and c != "\0" and unicodedata.category(c) != "Cf"
 
 
-def _decode(text: str) -> _Decoded:
-    """`text` without terminal control sequences, with byte lists read as text, percent-,
-    HTML- and backslash-unescaped until it no longer changes, and in Unicode's compatibility
-    form (a full-width letter is the letter), without combining marks (an accent put on each
-    letter), NULs (UTF-16 read as bytes) and invisible format characters (a zero-width space
-    between letters)."""
+def _decode(text: str, controls: bool = True) -> tuple[_Decoded, bool]:
+    """`text` without terminal control sequences (unless not `controls`), with byte lists read
+    as text, percent-, HTML- and backslash-unescaped until it no longer changes, and in
+    Unicode's compatibility form (a full-width letter is the letter), without combining marks
+    (an accent put on each letter), NULs (UTF-16 read as bytes) and invisible format characters
+    (a zero-width space between letters). And whether a control sequence was dropped."""
     found = _Decoded.of(text).sub(_DECIMAL_BYTES, _as_bytes).sub(_HEX_BYTES, _as_bytes)
+    dropped = False
     for _ in range(_ROUNDS):  # a sequence may be escaped itself (a log line's `\x1b[1m`)
         plain = (
             found.sub(_PERCENT, lambda m: unquote(m.group(0)))
             .sub(_CHARREF, lambda m: html.unescape(m.group(0)))
             .sub(_ESCAPE, _unescaped)
-            .sub(_ANSI, lambda _: "")
         )
+        if controls:
+            kept = plain
+            plain = plain.sub(_ANSI, lambda _: "")
+            dropped = dropped or plain is not kept
         if plain.text == found.text:
             break
         found = plain
-    return found.normalized()
+    return found.normalized(), dropped
 
 
 def decoded(text: str) -> str:
     """`text` as a secret in it is looked for (see _decode)."""
-    return _decode(text).text
+    return _decode(text)[0].text
 
 
 def _cores(secret: bytes, group: int, bits: int, encode: Callable[[bytes], bytes]) -> set[str]:
@@ -225,25 +229,31 @@ class Mask:
             return text
         if len(text) > TEXT_MAX:  # no message is that long: what is said of it is cut anyway
             text = f"{text[:TEXT_MAX]}… ({len(text)} characters)"
-        found = _decode(text)
-        spans = self._spans(found.text)
-        if not spans:
-            return text
-        # where each span came from in `text`: the rest of it is kept as it came
-        places: list[tuple[int, int]] = []
-        for start, end in spans:
-            a, b = found.starts[start], found.ends[end - 1]
-            while b < len(text) and not _kept(text[b]):  # its last letter's accent, UTF-16's NUL
-                b += 1
-            if places and a <= places[-1][1]:
-                a = places.pop()[0]
-            places.append((a, b))
+        found, dropped = _decode(text)
+        places = self._places(found, text)
+        if dropped:  # a sequence's last byte may have been a letter of the secret (ESC c, ESC [ K)
+            places += self._places(_decode(text, controls=False)[0], text)
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted(places):
+            if merged and a <= merged[-1][1]:  # found twice, or the same run spaced out
+                a, b = merged[-1][0], max(b, merged.pop()[1])
+            merged.append((a, b))
         out: list[str] = []
         at = 0
-        for a, b in places:
+        for a, b in merged:
             out += [text[at:a], self._label]
             at = b
         return "".join(out) + text[at:]
+
+    def _places(self, found: _Decoded, text: str) -> list[tuple[int, int]]:
+        """Where each secret `found` holds came from in `text`."""
+        places: list[tuple[int, int]] = []
+        for start, end in self._spans(found.text):
+            a, b = found.starts[start], found.ends[end - 1]
+            while b < len(text) and not _kept(text[b]):  # its last letter's accent, UTF-16's NUL
+                b += 1
+            places.append((a, b))
+        return places
 
     def _spans(self, plain: str) -> list[tuple[int, int]]:
         """The parts of `plain` that are a secret: sorted, apart from each other."""

@@ -103,6 +103,15 @@ def test_a_text_without_the_token_is_kept_as_it_is(secret: str, said: str) -> No
     assert Mask(None)(said) == said
 
 
+@pytest.mark.parametrize("between", ["\x1b", "\x1b[", "\\x1b", "\x1b[1m"])
+def test_a_token_with_an_escape_before_each_letter_is_masked_whole(between: str) -> None:
+    """ESC c, ESC 7, ESC [ K are control sequences whose last byte is a letter: dropped with the
+    sequence, the token's capitals went and what was left of it read in the output."""
+    token = "Kc7Tok3nSecretQ8wzXA"
+
+    assert Mask(token)(f"echo {between.join(token)} end") == f"echo {MASK} end"
+
+
 def test_only_the_token_is_masked_the_rest_kept_as_it_came() -> None:
     """The token is found in the decoded text, but masked where it came from: a message's other
     escapes, digits and entities are not rewritten (byte lists became control characters)."""
