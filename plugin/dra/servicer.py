@@ -45,16 +45,26 @@ class _Claims:
         self.lock = lock
         self.stopping = stopping
 
-    async def _unless_stopping(self, work: Callable[[], T]) -> T:
+    async def _unless_stopping(self, work: Callable[[], T], what: str) -> T:
         """`work()` in a daemon thread; CancelledError once the driver stops, so that each
         call in flight is answered before the server's grace ends (its own cancellation of a
-        call still running is a logged traceback)."""
+        call still running is a logged traceback). When the kubelet gives up on the call (its
+        deadline), the work still runs: it is waited for, the lock held (the checkpoint has one
+        writer), and how it ended is logged in one line."""
         running = asyncio.ensure_future(in_background(work))
         stopped = asyncio.ensure_future(self.stopping.wait())
-        await asyncio.wait({running, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
-        if not running.done():
-            running.cancel()
+        try:
+            await asyncio.wait({running, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            await asyncio.wait({running, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if running.done() and (error := running.exception()) is not None:
+                logger.warning("%s, which the kubelet gave up waiting for: %s", what, error)
+            raise
+        finally:
+            stopped.cancel()
+            if not running.done():
+                running.cancel()
+        if running.cancelled():
             raise asyncio.CancelledError
         return running.result()
 
@@ -66,7 +76,7 @@ class _Claims:
                 ref = ClaimRef(claim.namespace, claim.uid, claim.name)
                 async with self.lock:
                     answers[claim.uid] = await self._unless_stopping(
-                        functools.partial(self.preparer.prepare, ref)
+                        functools.partial(self.preparer.prepare, ref), f"prepare {_named(claim)}"
                     )
             except (PrepareError, OSError) as exc:
                 logger.warning("prepare %s: %s", _named(claim), exc)
@@ -85,7 +95,8 @@ class _Claims:
             try:
                 ref = ClaimRef(claim.namespace, claim.uid, claim.name)
                 async with self.lock:
-                    await self._unless_stopping(functools.partial(self.preparer.unprepare, ref))
+                    undo = functools.partial(self.preparer.unprepare, ref)
+                    await self._unless_stopping(undo, f"unprepare {_named(claim)}")
                 answers[claim.uid] = ""
             except (PrepareError, OSError) as exc:
                 logger.warning("unprepare %s: %s", _named(claim), exc)
@@ -102,7 +113,7 @@ class _Claims:
         it; why not, when it cannot be (each claim this request did is then answered so)."""
         try:
             async with self.lock:
-                await self._unless_stopping(self.preparer.save)
+                await self._unless_stopping(self.preparer.save, "the checkpoint's save")
         except OSError as exc:
             problem = (
                 f"cannot write the checkpoint {self.preparer.checkpoint}: {exc.strerror or exc}"

@@ -1560,6 +1560,45 @@ async def test_a_stop_during_a_prepare_waiting_on_a_silent_api_server_is_prompt_
     assert "Traceback" not in log, log[log.find("Traceback") - 500 :]
 
 
+async def test_a_prepare_the_kubelet_gave_up_on_is_finished_and_said_in_one_line(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    """The kubelet's deadline passes while the claim's read waits on a silent API server: the
+    read goes on (under the lock: one checkpoint writer) and its end is one log line, not an
+    asyncio "Task exception was never retrieved" with two tracebacks."""
+    silent = socket.create_server(("127.0.0.1", 0))  # takes the connection, never answers
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True).start()
+    driver = Driver(short_tmp, tree, f"https://127.0.0.1:{silent.getsockname()[1]}")
+    await driver.start()
+    said = "prepare d/c, which the kubelet gave up waiting for: cannot read claim d/c: "
+    try:
+        target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
+        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as gave_up:
+                await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    v1.NodePrepareResourcesRequest(
+                        claims=[v1.Claim(namespace="d", uid="u", name="c")]
+                    ),
+                    timeout=1,
+                )
+            assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            for _ in range(300):  # the API call's own timeout is 15 s
+                if said in driver.log.read_text():
+                    break
+                await asyncio.sleep(0.1)
+    finally:
+        assert await driver.stop() == 0
+        silent.close()
+        for connection in held:
+            connection.close()
+
+    log = driver.log.read_text()
+    assert said in log
+    assert "never retrieved" not in log
+    assert "Traceback" not in log, log[log.find("Traceback") - 500 :]
+
+
 def test_a_context_naming_a_user_that_is_not_there_is_refused_not_anonymous(
     tmp_path: Path,
 ) -> None:
