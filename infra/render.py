@@ -149,17 +149,17 @@ def check_out(out: Path) -> None:
         raise OutputError(f"--out {out}: {above} is not a directory")
     if not os.path.isdir(out):
         if not os.access(above, os.W_OK | os.X_OK):
-            raise OutputError(
-                f"--out {out}: {above} cannot be entered or written by this user: name a "
-                "directory it can write in"
+            why = _read_only(above) or (
+                "cannot be entered or written by this user: name a directory it can write in"
             )
+            raise OutputError(f"--out {out}: {above} {why}")
         return
     if not os.path.ismount(out) and not os.access(out, os.W_OK | os.X_OK):
         # its copy would get its mode too, and the render fail inside that copy
-        raise OutputError(
-            f"--out {out}: is not writable by this user: make it writable (chmod u+w), or "
-            "name another directory"
+        why = _read_only(out) or (
+            "is not writable by this user: make it writable (chmod u+w), or name another directory"
         )
+        raise OutputError(f"--out {out}: {why}")
     try:
         entries = sorted(p.name for p in out.iterdir())
     except OSError as exc:
@@ -224,6 +224,14 @@ def _digest(path: Path) -> list[object] | None:
         return [st.st_size, hashlib.sha256(path.read_bytes()).hexdigest()]
     except OSError:
         return None
+
+
+def _read_only(path: Path) -> str | None:
+    """Why no chmod helps: `path` is on a read-only file system (access() says only EROFS)."""
+    with contextlib.suppress(OSError):
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return "is on a read-only file system: name a directory on a writable one"
+    return None
 
 
 def _out_dir(text: str) -> Path:
@@ -364,8 +372,7 @@ def _write_in_place(out: Path, texts: dict[str, str]) -> Path | None:
             if old:
                 said.append("the previous render there is kept whole")
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                size = sum(len(t.encode()) for t in texts.values()) // 1024 + 1
-                said.append(f"this render needs {size} KiB free beside it")
+                said.append(f"this render needs {_room(out, texts)} KiB free beside it")
             raise OutputError(": ".join(said)) from None
         with deferred():
             for name in [n for n in texts if n != MARKER]:
@@ -379,6 +386,16 @@ def _write_in_place(out: Path, texts: dict[str, str]) -> Path | None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
     return out if any(p.name not in texts for p in out.iterdir()) else None
+
+
+def _room(out: Path, texts: dict[str, str]) -> int:
+    """KiB that `texts` take as files in `out`: each a whole number of its blocks."""
+    try:
+        block = os.statvfs(out).f_frsize or 4096
+    except OSError:
+        block = 4096
+    size = sum(-(-len(t.encode()) // block) * block for t in texts.values())
+    return -(-size // 1024)
 
 
 def _remove_render(directory: Path) -> Path | None:

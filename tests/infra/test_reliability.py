@@ -1349,7 +1349,12 @@ def test_a_volume_too_full_for_a_render_keeps_the_previous_one_whole(tmp_path: P
         with pytest.raises(OutputError) as refused:
             render("dev", out)
         left = {p.name: p.read_bytes() for p in out.iterdir()}
-        subprocess.run(["mount", "-o", "remount,size=1m", str(out)], check=True)
+        # the room it names is enough: the volume grown by just that much takes the render
+        needs = int(re.findall(r"needs (\d+) KiB free", str(refused.value))[0])
+        fs = os.statvfs(out)
+        used = (fs.f_blocks - fs.f_bfree) * fs.f_frsize
+        size = used + needs * 1024
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(out)], check=True)
         again = render("dev", out)
         after = sorted(out.iterdir())
     finally:
@@ -1394,6 +1399,27 @@ def test_a_read_only_mount_point_as_out_says_so(mounted_out: Path, tmp_path: Pat
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == [
         f"render: local: error: --out {mounted_out}: cannot write in it (Read-only file system)"
+    ]
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_an_out_on_a_read_only_file_system_says_so_not_chmod(
+    mounted_out: Path, tmp_path: Path, exists: bool
+) -> None:
+    """Not a mount point itself (that is rendered in place): a dir in one, or a new one there.
+    The user is root, whom no chmod would help."""
+    out = mounted_out / "prev"
+    if exists:
+        out.mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(mounted_out)], check=True)
+
+    done = _cli("infra.render", "--stack", "local", "--out", str(out), cwd=tmp_path)
+
+    where = f"{out}:" if exists else f"{out}: {mounted_out}"
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"render: local: error: --out {where} is on a read-only file system: name a directory "
+        "on a writable one"
     ]
 
 
