@@ -31,6 +31,7 @@ from plugin.core.userfiles import (
     described,
     read_text,
     shown,
+    why_not_writable,
     write_atomically,
 )
 from plugin.dra.devices import SliceDevice, slice_devices
@@ -199,7 +200,13 @@ class Preparer:
             logger.warning("--cdi-dir %s: %s there is not a CDI spec of %s: kept", self.cdi_dir,
                            name, self.cdi_kind)  # fmt: skip
         else:
-            (self.cdi_dir / name).unlink(missing_ok=True)
+            try:
+                (self.cdi_dir / name).unlink(missing_ok=True)
+            except OSError as exc:  # the claim stays prepared: the kubelet asks again
+                why = why_not_writable(self.cdi_dir) or exc.strerror or str(exc)
+                raise PrepareError(
+                    f"--cdi-dir {self.cdi_dir}: cannot remove {name} there: {why}"
+                ) from None
         self._unchecked.discard(claim.uid)
         if self.claims.pop(claim.uid, None) is not None:
             self._unsaved = True

@@ -1043,6 +1043,38 @@ async def test_a_prepare_whose_spec_cannot_be_written_is_not_checkpointed(
     assert "prepared claim default/c (u-1)" not in driver.log.read_text()
 
 
+async def test_an_unprepare_whose_spec_cannot_be_removed_names_the_cdi_dir_and_why(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    """As a prepare that cannot write it says: the flag and the cause, not "[Errno 30] ...";
+    the claim stays prepared, so the kubelet's next unprepare removes the spec."""
+    result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
+    api = OddApi(short_tmp, 200, _claim(result))
+    driver = Driver(short_tmp, tree, api.url)
+    cdi_dir = driver.spec.cdi_dir
+    cdi_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(cdi_dir)], check=True)
+    await driver.start()
+    try:
+        assert not (await _prepare(driver, "u-1")).error
+        subprocess.run(["mount", "-o", "remount,ro", str(cdi_dir)], check=True)
+        refused = await _unprepare(driver, "u-1")
+        subprocess.run(["mount", "-o", "remount,rw", str(cdi_dir)], check=True)
+        again = await _unprepare(driver, "u-1")
+        left = list(cdi_dir.iterdir())
+    finally:
+        assert await driver.stop() == 0
+        api.close()
+        subprocess.run(["umount", "-l", str(cdi_dir)], check=True)
+
+    assert refused.error == (
+        f"--cdi-dir {cdi_dir}: cannot remove {DRA_DRIVER}-u-1.json there: is on a read-only "
+        "file system"
+    )
+    assert again.error == ""
+    assert left == []
+
+
 async def test_an_answer_for_another_claim_of_the_same_uid_is_not_used(
     short_tmp: Path, tree: SysfsTree
 ) -> None:
