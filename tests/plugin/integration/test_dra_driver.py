@@ -1053,19 +1053,19 @@ async def test_an_unprepare_whose_spec_cannot_be_removed_names_the_cdi_dir_and_w
     driver = Driver(short_tmp, tree, api.url)
     cdi_dir = driver.spec.cdi_dir
     cdi_dir.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(cdi_dir)], check=True)
+    _run("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(cdi_dir))
     await driver.start()
     try:
         assert not (await _prepare(driver, "u-1")).error
-        subprocess.run(["mount", "-o", "remount,ro", str(cdi_dir)], check=True)
+        _run("mount", "-o", "remount,ro", str(cdi_dir))
         refused = await _unprepare(driver, "u-1")
-        subprocess.run(["mount", "-o", "remount,rw", str(cdi_dir)], check=True)
+        _run("mount", "-o", "remount,rw", str(cdi_dir))
         again = await _unprepare(driver, "u-1")
         left = list(cdi_dir.iterdir())
     finally:
         assert await driver.stop() == 0
         api.close()
-        subprocess.run(["umount", "-l", str(cdi_dir)], check=True)
+        _run("umount", "-l", str(cdi_dir))
 
     assert refused.error == (
         f"--cdi-dir {cdi_dir}: cannot remove {DRA_DRIVER}-u-1.json there: is on a read-only "
@@ -1073,6 +1073,10 @@ async def test_an_unprepare_whose_spec_cannot_be_removed_names_the_cdi_dir_and_w
     )
     assert again.error == ""
     assert left == []
+
+
+def _run(*argv: str) -> None:
+    subprocess.run(argv, check=True)
 
 
 async def test_an_answer_for_another_claim_of_the_same_uid_is_not_used(
