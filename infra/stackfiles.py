@@ -199,7 +199,9 @@ def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
     for key in cast(dict[object, Any], config):
         if not isinstance(key, str) or not _CONFIG_KEY.fullmatch(key):
             raise StackFileError(
-                f"{where}: config key {described(key)} is not a key (region, or namespace:key)"
+                f"{where}: {_place_of(text, key)}: config key {described(key)} is not a key "
+                "(region, or namespace:key; a look-alike character pasted in, such as an en "
+                "dash for a hyphen, is not one: type it again)"
             )
     values = cast(dict[str, Any], config)
     if not project and any(_is_number(v) for v in values.values()):
@@ -218,22 +220,46 @@ def _numbers_as_written(text: str) -> dict[str, str]:
     planned a node pool the real preview refuses)."""
     import yaml
 
+    return {
+        str(k.value): str(v.value)
+        for k, v in _config_nodes(text)
+        if isinstance(v, yaml.ScalarNode)  # the caller takes those read as numbers
+    }
+
+
+def _place_of(text: str, key: object) -> str:
+    """Where a config key YAML read as `key` is written ("line 3, column 3"): a key that is not
+    one is not quoted (it may be a secret pasted there), so the user needs its place."""
+    for node, _ in _config_nodes(text):
+        if _read_key(node) == key:
+            return f"line {node.start_mark.line + 1}, column {node.start_mark.column + 1}"
+    return "its place unknown"
+
+
+def _read_key(node: Any) -> object:
+    import yaml
+
+    loader: Any = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    finally:
+        loader.dispose()
+
+
+def _config_nodes(text: str) -> list[tuple[Any, Any]]:
+    """The (key, value) nodes of the stack file's `config:` mapping."""
+    import yaml
+
     loader: Any = yaml.SafeLoader(text)  # parsed once already: bounded, one document
     try:
         top = loader.get_single_node()
     finally:
         loader.dispose()
-    found: dict[str, str] = {}
     pairs: list[tuple[Any, Any]] = top.value if isinstance(top, yaml.MappingNode) else []
     for key, value in pairs:
         if key.value == "config" and isinstance(value, yaml.MappingNode):
-            entries: list[tuple[Any, Any]] = value.value
-            found |= {
-                str(k.value): str(v.value)
-                for k, v in entries
-                if isinstance(v, yaml.ScalarNode)  # the caller takes those read as numbers
-            }
-    return found
+            return cast(list[tuple[Any, Any]], value.value)
+    return []
 
 
 def _qualify(key: str) -> str:

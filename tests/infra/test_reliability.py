@@ -783,8 +783,13 @@ def _project_copy(tmp_path: Path, stack_file: str) -> Path:
 @pytest.mark.parametrize(
     ("stack_file", "said"),
     [
-        ("config:\n  123: x\n", "config key a number is not a key"),
-        ("config:\n  ~: y\n", "config key nothing is not a key"),
+        ("config:\n  123: x\n", "line 2, column 3: config key a number is not a key"),
+        ("config:\n  a: 1\n  ~: y\n", "line 3, column 3: config key nothing is not a key"),
+        (  # an en dash pasted from a web page: its place, not its text (a value may be pasted)
+            "config:\n  lingjun-rdma:region: cn-wulanchabu\n  lingjun\u2013rdma:rdmaPoolMode: x\n",
+            "x.yaml: line 3, column 3: config key text of 25 characters is not a key (region, or "
+            "namespace:key; a look-alike character pasted in, such as an en dash for a hyphen",
+        ),
         (
             "confg:\n  lingjun-rdma:region: cn-wulanchabu\n",
             "unknown top-level key, confg: did you mean config?",
