@@ -63,8 +63,8 @@ class _Claims:
         finally:
             stopped.cancel()
             if not running.done():
-                running.cancel()
-        if running.cancelled():
+                running.cancel()  # asked: the task is done only once the loop runs it again
+        if not running.done():  # the driver stops
             raise asyncio.CancelledError
         return running.result()
 

@@ -36,6 +36,7 @@ from plugin.dra.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from plugin.dra.api.pluginregistration.v1 import api_pb2 as reg
 from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from plugin.dra.prepare import CHECKPOINT_VERSION, POD_READS_WITHIN, spec_file
+from plugin.dra.servicer import STOPPING
 from plugin.launch import DRA_DRIVER, DraLaunchSpec, dra_socket, registration_socket
 from tests.plugin.plugin_process import free_port
 from tests.plugin.sysfs_tree import SysfsTree
@@ -1563,35 +1564,49 @@ async def test_a_silent_api_server_is_said_while_it_is_waited_for(
 async def test_a_stop_during_a_prepare_waiting_on_a_silent_api_server_is_prompt_and_clean(
     short_tmp: Path, tree: SysfsTree
 ) -> None:
-    silent = socket.create_server(("127.0.0.1", 0))  # takes the connection, never answers
+    silent = socket.create_server(("127.0.0.1", 0))  # takes each connection, never answers
     held: list[socket.socket] = []
-    threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True).start()
+
+    def take() -> None:
+        with contextlib.suppress(OSError):  # closed at the end
+            while True:
+                held.append(silent.accept()[0])
+
+    threading.Thread(target=take, daemon=True).start()
     driver = Driver(short_tmp, tree, f"https://127.0.0.1:{silent.getsockname()[1]}")
     await driver.start()
     try:
+        for _ in range(100):  # the slices' first list
+            if held:
+                break
+            await asyncio.sleep(0.05)
         target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
         async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
-            call = v1_grpc.DRAPluginStub(channel).NodePrepareResources(
-                v1.NodePrepareResourcesRequest(claims=[v1.Claim(namespace="d", uid="u", name="c")]),
-                timeout=30,
+            call = asyncio.ensure_future(
+                v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    v1.NodePrepareResourcesRequest(
+                        claims=[v1.Claim(namespace="d", uid="u", name="c")]
+                    ),
+                    timeout=30,
+                )
             )
-            for _ in range(100):  # the prepare is waiting on the API server
-                if held:
+            for _ in range(100):  # the prepare's read of the claim is waiting on the server
+                if len(held) >= 2:
                     break
                 await asyncio.sleep(0.05)
-            assert held
+            assert len(held) >= 2
             assert driver.proc is not None
             driver.proc.terminate()
             # well inside the API call's 15 s timeout: the stop does not wait for it
             code = await asyncio.wait_for(driver.proc.wait(), 5)
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await call
+            answer = await call  # answered, so the kubelet asks again once it is back
     finally:
         silent.close()
         for connection in held:
             connection.close()
 
     assert code == 0
+    assert answer.claims["u"].error == STOPPING
     log = driver.log.read_text()
     assert "Traceback" not in log, log[log.find("Traceback") - 500 :]
 
