@@ -200,7 +200,8 @@ def allocated_hcas(view: PoolView, ids: list[str]) -> tuple[str, ...]:
             f"{view.pool.resource_name}: a container request with no device ID: nothing to "
             "allocate (the kubelet sends one ID per unit the container asks for)"
         )
-    twice = next((i for n, i in enumerate(ids) if i in ids[:n]), None)
+    seen: set[str] = set()  # not `i in ids[:n]`: 100000 IDs took 43 s on the event loop
+    twice = next((i for i in ids if i in seen or seen.add(i)), None)
     if twice is not None:
         raise AllocationError(
             f"{view.pool.resource_name}: device ID {_quoted(twice)} is given twice: the kubelet "
