@@ -201,7 +201,9 @@ class DraLaunchSpec(CoreSpec):
             if len(os.fsencode(path)) > MAX_UNIX_PATH:
                 raise LaunchError(
                     "plugins_dir" if path.name == "dra.sock" else "plugins_registry_dir",
-                    f"its socket {path} would be over the {MAX_UNIX_PATH}-byte unix limit",
+                    f"its socket {path} would be {len(os.fsencode(path))} bytes, over the "
+                    f"{MAX_UNIX_PATH}-byte unix limit: name a shorter directory, or give the "
+                    f"driver a shorter name (it is {len(self.driver_name)} characters)",
                 )
 
 

@@ -217,11 +217,15 @@ async def test_a_missing_cdi_dir_is_made_and_said(short_tmp: Path, tree: SysfsTr
          "--node-name text of 12 characters: must be a node's name (a DNS subdomain)"),
         (("--node-name", "n1", "--plugins-dir", "/tmp/" + "d" * 120),
          "over the 105-byte unix limit"),
+        (("--node-name", "n1", "--driver-name", "a" * 60 + ".example.com",
+          "--plugins-registry-dir", "/var/lib/kubelet/plugins_registry"),
+         "-reg.sock would be 115 bytes, over the 105-byte unix limit: name a shorter directory, "
+         "or give the driver a shorter name (it is 72 characters)"),
         (("--node-name", "n1", "--driver-name", "gpu.nvidia.com"),
          "--driver-name text of 14 characters: the nvidia.com domain is NVIDIA's"),
     ],
     ids=["no-node", "no-kubeconfig", "kubeconfig-a-device", "bad-node-not-quoted",
-         "socket-too-long",
+         "socket-too-long", "driver-name-too-long-for-the-kubelets-dir",
          "nvidias-driver-name"],
 )  # fmt: skip
 def test_what_the_driver_refuses_is_one_line(args: tuple[str, ...], said: str) -> None:
