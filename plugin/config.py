@@ -123,30 +123,41 @@ def taken_domain(name: str) -> str | None:
 
 def check_resource_name(resource_name: str) -> None:
     """Refuse a resource name the kubelet's Register would refuse (field `name`)."""
+    problems = resource_name_problems(resource_name)
+    if problems:
+        raise problems[0]
+
+
+def resource_name_problems(resource_name: str) -> list[ConfigError]:
+    """Every reason the kubelet's Register would refuse this resource name: its prefix's and
+    its name's, each said (a config's reader lists them all at once)."""
     prefix, sep, name = resource_name.partition("/")
     if not sep:  # a Pool always has both parts: only a whole name given as one can lack them
-        raise ConfigError("not <prefix>/<name>", field="name", fix="e.g. rdma/hca")
+        return [ConfigError("not <prefix>/<name>", field="name", fix="e.g. rdma/hca")]
+    problems: list[ConfigError] = []
+    fix = "e.g. rdma, as in rdma/hca"
     if len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix):
-        raise ConfigError(
-            "its prefix is not a DNS subdomain", field="prefix", fix="e.g. rdma, as in rdma/hca"
-        )
-    if (taken := taken_domain(prefix)) is not None:
-        raise ConfigError(
-            taken, field="prefix", fix="a domain of your own, e.g. rdma, as in rdma/hca"
-        )
-    if prefix.startswith("requests."):  # the kubelet's IsExtendedResourceName refuses it
-        raise ConfigError(
-            "a prefix starting requests. is a quota's name, not a resource's",
-            field="prefix",
-            fix="e.g. rdma, as in rdma/hca",
+        problems.append(ConfigError("its prefix is not a DNS subdomain", field="prefix", fix=fix))
+    elif (taken := taken_domain(prefix)) is not None:
+        problems.append(ConfigError(taken, field="prefix", fix=f"a domain of your own, {fix}"))
+    elif prefix.startswith("requests."):  # the kubelet's IsExtendedResourceName refuses it
+        problems.append(
+            ConfigError(
+                "a prefix starting requests. is a quota's name, not a resource's",
+                field="prefix",
+                fix=fix,
+            )
         )
     if len(name) > 63 or not _NAME_PART.fullmatch(name):
-        raise ConfigError(
-            "its name must be 1-63 letters, digits, '-', '_' or '.', starting and ending "
-            "alphanumeric",
-            field="name",
-            fix="e.g. hca, as in rdma/hca",
+        problems.append(
+            ConfigError(
+                "its name must be 1-63 letters, digits, '-', '_' or '.', starting and ending "
+                "alphanumeric",
+                field="name",
+                fix="e.g. hca, as in rdma/hca",
+            )
         )
+    return problems
 
 
 @dataclass(frozen=True)
@@ -418,7 +429,10 @@ class _Reader:
             kwargs["selector"] = self._selector(read["selector"], (*loc, "selector"))
         if len(self.problems) > before:
             return None
-        return self._build(loc, lambda: Pool(**kwargs))
+        named = resource_name_problems(f"{kwargs.get('prefix', 'rdma')}/{kwargs['name']}")
+        for problem in named:  # each said, not the first only (Pool's own check)
+            self._fail((*loc, problem.field) if problem.field else loc, problem.why, problem.fix)
+        return None if named else self._build(loc, lambda: Pool(**kwargs))
 
     def _selector(self, data: object, loc: Loc) -> Selector | None:
         read = self._mapping(data, loc, Selector)

@@ -149,6 +149,17 @@ def test_every_problem_is_reported_at_once_with_its_location() -> None:
     ]
 
 
+def test_a_pools_prefix_and_name_are_each_said() -> None:
+    """Not the prefix alone, then the name once the prefix is fixed."""
+    with pytest.raises(ConfigError) as err:
+        parse_config({"pools": [{"name": "hcä", "prefix": "nvidia.com"}]}, "plugin.yaml")
+
+    assert [str(p).split(":")[0] for p in err.value.problems] == [
+        "pools[0].prefix",
+        "pools[0].name",
+    ]
+
+
 def test_a_pool_built_in_code_is_checked_like_one_read_from_a_file() -> None:
     with pytest.raises(ConfigError, match="device IDs would be 64 characters"):
         Pool(name="a" * 60)
