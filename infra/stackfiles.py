@@ -204,10 +204,25 @@ def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
                 "dash for a hyphen, is not one: type it again)"
             )
     values = cast(dict[str, Any], config)
+    for key, value in values.items():
+        if _binary(value):  # the CLI hands a program text: bytes were "b'...'" here
+            raise StackFileError(
+                f"{where}: {_place_of(text, key)}: {key}: a binary value (YAML !!binary), not "
+                "text: write the value itself, without the tag"
+            )
     if not project and any(_is_number(v) for v in values.values()):
         written = _numbers_as_written(text)
         values = {k: written.get(k, v) if _is_number(v) else v for k, v in values.items()}
     return values
+
+
+def _binary(value: object) -> bool:
+    """Bytes anywhere in a value (YAML's !!binary, in a list or mapping too)."""
+    if isinstance(value, list):
+        return any(_binary(v) for v in cast(list[object], value))
+    if isinstance(value, dict):
+        return any(_binary(v) for v in cast(dict[object, object], value).values())
+    return isinstance(value, bytes)
 
 
 def _is_number(value: object) -> bool:

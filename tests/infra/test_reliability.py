@@ -795,6 +795,15 @@ def _project_copy(tmp_path: Path, stack_file: str) -> Path:
             "unknown top-level key, confg: did you mean config?",
         ),
         ("nothing: here\n", "unknown top-level key, a key that is text of 7 characters: remove"),
+        (
+            "config:\n  lingjun-rdma:region: !!binary Y24td3VsYW5jaGFidQ==\n",
+            "x.yaml: line 2, column 3: lingjun-rdma:region: a binary value (YAML !!binary), not "
+            "text: write the value itself",
+        ),
+        (  # in a list: json.dumps of it would raise
+            "config:\n  lingjun-rdma:zoneIds: [!!binary eHl6]\n",
+            "x.yaml: line 2, column 3: lingjun-rdma:zoneIds: a binary value (YAML !!binary)",
+        ),
     ],
 )
 def test_a_stack_file_of_the_wrong_shape_is_one_line(
