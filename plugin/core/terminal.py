@@ -133,6 +133,14 @@ def exit_on_signals(prog: str, before: str = "") -> None:
         say(f"{prog}: stopped by {signal.Signals(signum).name}" + (f" {before}" if before else ""))
         raise SystemExit(128 + signum)
 
+    def after_stop(kind: type[BaseException], value: BaseException, tb: object) -> None:
+        if stopping:  # the stop's SystemExit turned into another error as it unwound (raised
+            sys.stderr.flush()  # inside the import machinery): the stop was said, it decides
+            os._exit(128 + stopping[0])
+        default_hook(kind, value, tb)  # pyright: ignore[reportArgumentType]
+
+    default_hook = sys.excepthook
+    sys.excepthook = after_stop
     for sig in STOPS:
         signal.signal(sig, stop)
     # at the exit, whatever handler is then set: Python's finalization gives every handler of
