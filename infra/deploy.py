@@ -52,7 +52,7 @@ from infra.interrupt import children, deferred, descendants
 from infra.keys import PROJECT, PROJECT_DIR, StackConfigError
 from infra.program import run as program
 from infra.stackfiles import StackFileError, find_stack_file, stack_config, stack_name
-from plugin.core.secret import Mask, hold, masked
+from plugin.core.secret import RUN, Mask, hold, masked
 from plugin.core.terminal import STOPS, Parser, escaped, one_line, say, write_stdout
 from plugin.core.userfiles import UnreadableError, described, read_text
 
@@ -436,6 +436,11 @@ def _engine_secrets() -> list[str]:
                     f"deploy: PULUMI_CONFIG_PASSPHRASE_FILE {path}: {exc}: the passphrase in it "
                     "is not masked in the engine's output"
                 )
+    if any(0 < len(s) < RUN for s in found):  # a short one is masked as a word of its own only
+        say(
+            f"deploy: a passphrase or token of fewer than {RUN} characters is masked in the "
+            "engine's output only where it stands alone, not encoded: use a longer one"
+        )
     return found
 
 

@@ -1234,6 +1234,25 @@ def test_a_passphrase_file_deploy_cannot_read_is_said_as_not_masked(tmp_path: Pa
     )
 
 
+def test_a_short_passphrase_is_said_to_be_masked_only_where_it_stands_alone(
+    tmp_path: Path,
+) -> None:
+    path = _fake_pulumi(tmp_path / "bin", "#!/bin/sh\necho v3.277.0\n")
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path,
+           "PULUMI_CONFIG_PASSPHRASE": "Zq7Xw9K"}  # fmt: skip
+
+    done = subprocess.run(
+        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+
+    assert done.stderr.splitlines()[0] == (
+        "deploy: a passphrase or token of fewer than 8 characters is masked in the engine's "
+        "output only where it stands alone, not encoded: use a longer one"
+    )
+    assert "Zq7Xw9K" not in done.stdout + done.stderr
+
+
 def test_a_burst_of_stop_signals_during_the_engine_is_one_stop_not_a_kill(
     tmp_path: Path,
 ) -> None:
