@@ -123,7 +123,11 @@ class CoreSpec:
         low, high = RESCAN_INTERVAL_RANGE
         if not low <= self.rescan_interval <= high:  # NaN compares false: refused too
             raise LaunchError("rescan_interval", f"must be {low:g}-{high:g} seconds")
-        host = self.metrics_address.rpartition(":")[0]
+        host, _, port = self.metrics_address.rpartition(":")
+        digits = port.isascii() and port.isdigit() and len(port) <= 20
+        if _HOST.fullmatch(host) and digits and int(port) > 65535:
+            # the number alone is quoted: it is no secret, and a slip is easier fixed seen
+            raise LaunchError("metrics_address", f"port {int(port)} is over 65535")
         if self.metrics_address and (self.metrics_port is None or not _HOST.fullmatch(host)):
             raise LaunchError(
                 "metrics_address",

@@ -71,9 +71,13 @@ async def test_an_abbreviated_flag_is_not_taken_for_the_whole(plugin: PluginProc
     assert "argument(s) it does not take (--rescan among them)" in output
 
 
-@pytest.mark.parametrize(
-    "value", ["127.0.0.1:70000", "127.0.0.1:-1", "localhost", "host:http", "127.0.0.1:٩٤٦٠"]
-)
+async def test_a_metrics_port_over_65535_is_named(plugin: PluginProcess) -> None:
+    output = await _refused(plugin, None, "--metrics-address=127.0.0.1:99999")
+
+    assert "--metrics-address text of 15 characters: port 99999 is over 65535" in output
+
+
+@pytest.mark.parametrize("value", ["127.0.0.1:-1", "localhost", "host:http", "127.0.0.1:٩٤٦٠"])
 async def test_a_metrics_address_without_a_port_0_to_65535_is_refused(
     plugin: PluginProcess, value: str
 ) -> None:
