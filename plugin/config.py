@@ -137,7 +137,9 @@ def resource_name_problems(resource_name: str) -> list[ConfigError]:
     problems: list[ConfigError] = []
     fix = "e.g. rdma, as in rdma/hca"
     if len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix):
-        problems.append(ConfigError("its prefix is not a DNS subdomain", field="prefix", fix=fix))
+        lower = _DNS_SUBDOMAIN.fullmatch(prefix.lower()) is not None
+        why = "its prefix is not a DNS subdomain" + (" (it has capitals)" if lower else "")
+        problems.append(ConfigError(why, field="prefix", fix=fix))
     elif (taken := taken_domain(prefix)) is not None:
         problems.append(ConfigError(taken, field="prefix", fix=f"a domain of your own, {fix}"))
     elif prefix.startswith("requests."):  # the kubelet's IsExtendedResourceName refuses it

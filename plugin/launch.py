@@ -195,7 +195,11 @@ class DraLaunchSpec(CoreSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not _DNS_SUBDOMAIN.fullmatch(self.driver_name) or "." not in self.driver_name:
-            raise LaunchError("driver_name", "must be a DNS subdomain with a dot, e.g. rdma.x.io")
+            lower = _DNS_SUBDOMAIN.fullmatch(self.driver_name.lower()) is not None
+            case = " (in lower case: it has capitals)" if lower else ""
+            raise LaunchError(
+                "driver_name", f"must be a DNS subdomain with a dot{case}, e.g. rdma.x.io"
+            )
         if (taken := taken_domain(self.driver_name)) is not None:
             raise LaunchError("driver_name", f"{taken}: name one of your own, e.g. rdma.x.io")
         for path in (

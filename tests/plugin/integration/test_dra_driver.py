@@ -221,11 +221,14 @@ async def test_a_missing_cdi_dir_is_made_and_said(short_tmp: Path, tree: SysfsTr
           "--plugins-registry-dir", "/var/lib/kubelet/plugins_registry"),
          "-reg.sock would be 115 bytes, over the 105-byte unix limit: name a shorter directory, "
          "or give the driver a shorter name (it is 72 characters)"),
+        (("--node-name", "n1", "--driver-name", "Rdma.Example.COM"),
+         "--driver-name text of 16 characters: must be a DNS subdomain with a dot (in lower "
+         "case: it has capitals)"),
         (("--node-name", "n1", "--driver-name", "gpu.nvidia.com"),
          "--driver-name text of 14 characters: the nvidia.com domain is NVIDIA's"),
     ],
     ids=["no-node", "no-kubeconfig", "kubeconfig-a-device", "bad-node-not-quoted",
-         "socket-too-long", "driver-name-too-long-for-the-kubelets-dir",
+         "socket-too-long", "driver-name-too-long-for-the-kubelets-dir", "driver-name-capitals",
          "nvidias-driver-name"],
 )  # fmt: skip
 def test_what_the_driver_refuses_is_one_line(args: tuple[str, ...], said: str) -> None:

@@ -86,6 +86,10 @@ def test_rendered_yaml_reads_back_to_the_same_model() -> None:
             "the aliyun.com domain is Alibaba Cloud's",
         ),
         (
+            {"pools": [{"name": "hca", "prefix": "RDMA.io"}]},
+            "pools[0].prefix: its prefix is not a DNS subdomain (it has capitals): e.g. rdma",
+        ),
+        (
             {"pools": [{"name": "a", "prefix": "Bad_Domain"}]},
             "pools[0].prefix: its prefix is not a DNS subdomain: e.g. rdma, as in rdma/hca",
         ),
