@@ -309,9 +309,9 @@ def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any
         if os.path.ismount(out):  # a volume under a read-only root (docker run --read-only -v)
             return _write_in_place(out, texts)
         raise
-    _like(staging, out)
     old = staging.with_name(staging.name + ".old")
     try:
+        _like(staging, out)  # in here: a name too long fails its stat, and staging is removed
         for name, text in texts.items():
             (staging / name).write_bytes(text.encode())
         if out.exists():

@@ -523,6 +523,7 @@ def test_an_out_the_file_system_refuses_is_one_line(
     assert "Traceback" not in done.stderr
     (line,) = done.stderr.splitlines()
     assert said in line
+    assert list(tmp_path.iterdir()) == []  # no staging dir left beside it
 
 
 def test_a_render_whose_report_cannot_be_printed_is_still_a_render(tmp_path: Path) -> None:
