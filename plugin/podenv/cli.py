@@ -180,6 +180,11 @@ def _why(exc: OSError, out: Path | None) -> str:
     why = why_not_writable(out.parent)
     if why is not None:
         return f"{out.parent} {why}: {fix}"
+    if exc.errno == errno.EPERM and out.exists():  # the dir takes new files: the file is held
+        return (
+            f"{out} cannot be replaced (Operation not permitted: immutable or append-only? "
+            "lsattr shows it): name another file, or chattr -i it"
+        )
     return f"cannot write in {out.parent} ({exc.strerror or exc}): {fix}"
 
 

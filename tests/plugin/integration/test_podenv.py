@@ -196,6 +196,31 @@ def test_an_out_that_cannot_be_written_is_one_line_and_leaves_nothing_behind(
     assert sorted(p.name for p in work.rglob("*")) == before
 
 
+def test_an_out_that_is_immutable_is_named_not_its_directory(
+    tree: SysfsTree, pod_netns: str, tmp_path: Path
+) -> None:
+    """The directory takes new files: the rename onto the held file is what fails (EPERM)."""
+    _address(pod_netns, f"{POD_A}/64")
+    (tmp_path / "work").mkdir()
+    out = tmp_path / "work" / "nccl.env"
+    out.write_text("A=1\n")
+    subprocess.run(["chattr", "+i", str(out)], check=True)
+    try:
+        done = podenv(
+            pod_netns, "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0", "--out", str(out)
+        )
+    finally:
+        subprocess.run(["chattr", "-i", str(out)], check=True)
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"lingjun-rdma podenv: --out {out}: {out} cannot be replaced (Operation not permitted: "
+        "immutable or append-only? lsattr shows it): name another file, or chattr -i it"
+    ]
+    assert out.read_text() == "A=1\n"
+    assert [p.name for p in out.parent.iterdir()] == ["nccl.env"]
+
+
 def _special(kind: str, path: Path) -> None:
     if kind == "char-device":
         os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a /dev/null of our own
