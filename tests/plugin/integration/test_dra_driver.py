@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -1542,36 +1542,11 @@ async def test_a_stale_spec_of_ours_is_written_again(short_tmp: Path, tree: Sysf
     assert json.loads(path.read_text()) == _good(driver)["spec"]
 
 
-async def test_a_silent_api_server_is_said_while_it_is_waited_for(
-    short_tmp: Path, tree: SysfsTree
-) -> None:
-    """It takes the connection and never starts TLS: said after 5 s, not only at the 15 s
-    timeout."""
+@contextlib.contextmanager
+def _silent_api() -> Iterator[tuple[str, list[socket.socket]]]:
+    """An API server that takes each connection and never answers (not even TLS): its URL and
+    the connections it holds."""
     silent = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-    threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True).start()
-    port = silent.getsockname()[1]
-    driver = Driver(short_tmp, tree, f"https://127.0.0.1:{port}")
-    await driver.start()
-    said = f"127.0.0.1:{port} has not answered after 5s: waiting up to 15s in all"
-    try:
-        for _ in range(100):
-            if said in driver.log.read_text():
-                break
-            await asyncio.sleep(0.1)
-    finally:
-        assert await driver.stop() == 0
-        silent.close()
-        for connection in held:
-            connection.close()
-
-    assert said in driver.log.read_text()
-
-
-async def test_a_stop_during_a_prepare_waiting_on_a_silent_api_server_is_prompt_and_clean(
-    short_tmp: Path, tree: SysfsTree
-) -> None:
-    silent = socket.create_server(("127.0.0.1", 0))  # takes each connection, never answers
     held: list[socket.socket] = []
 
     def take() -> None:
@@ -1580,9 +1555,46 @@ async def test_a_stop_during_a_prepare_waiting_on_a_silent_api_server_is_prompt_
                 held.append(silent.accept()[0])
 
     threading.Thread(target=take, daemon=True).start()
-    driver = Driver(short_tmp, tree, f"https://127.0.0.1:{silent.getsockname()[1]}")
-    await driver.start()
     try:
+        yield f"https://127.0.0.1:{silent.getsockname()[1]}", held
+    finally:
+        silent.close()
+        for connection in held:
+            connection.close()
+
+
+async def _logged(driver: Driver, said: str, seconds: float) -> bool:
+    """Whether `said` is in the driver's log within `seconds`."""
+    for _ in range(int(seconds * 10)):
+        if said in driver.log.read_text():
+            return True
+        await asyncio.sleep(0.1)
+    return said in driver.log.read_text()
+
+
+async def test_a_silent_api_server_is_said_while_it_is_waited_for(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    """It takes the connection and never starts TLS: said after 5 s, not only at the 15 s
+    timeout."""
+    with _silent_api() as (url, _):
+        driver = Driver(short_tmp, tree, url)
+        await driver.start()
+        said = f"{url.removeprefix('https://')} has not answered after 5s: waiting up to 15s in all"
+        try:
+            logged = await _logged(driver, said, 10)
+        finally:
+            assert await driver.stop() == 0
+
+    assert logged
+
+
+async def test_a_stop_during_a_prepare_waiting_on_a_silent_api_server_is_prompt_and_clean(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    with _silent_api() as (url, held):
+        driver = Driver(short_tmp, tree, url)
+        await driver.start()
         for _ in range(100):  # the slices' first list
             if held:
                 break
@@ -1607,10 +1619,6 @@ async def test_a_stop_during_a_prepare_waiting_on_a_silent_api_server_is_prompt_
             # well inside the API call's 15 s timeout: the stop does not wait for it
             code = await asyncio.wait_for(driver.proc.wait(), 5)
             answer = await call  # answered, so the kubelet asks again once it is back
-    finally:
-        silent.close()
-        for connection in held:
-            connection.close()
 
     assert code == 0
     assert answer.claims["u"].error == STOPPING
@@ -1624,32 +1632,24 @@ async def test_a_prepare_the_kubelet_gave_up_on_is_finished_and_said_in_one_line
     """The kubelet's deadline passes while the claim's read waits on a silent API server: the
     read goes on (under the lock: one checkpoint writer) and its end is one log line, not an
     asyncio "Task exception was never retrieved" with two tracebacks."""
-    silent = socket.create_server(("127.0.0.1", 0))  # takes the connection, never answers
-    held: list[socket.socket] = []
-    threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True).start()
-    driver = Driver(short_tmp, tree, f"https://127.0.0.1:{silent.getsockname()[1]}")
-    await driver.start()
     said = "prepare d/c, which the kubelet gave up waiting for: cannot read claim d/c: "
-    try:
-        target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
-        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
-            with pytest.raises(grpc.aio.AioRpcError) as gave_up:
-                await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
-                    v1.NodePrepareResourcesRequest(
-                        claims=[v1.Claim(namespace="d", uid="u", name="c")]
-                    ),
-                    timeout=1,
-                )
-            assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            for _ in range(300):  # the API call's own timeout is 15 s
-                if said in driver.log.read_text():
-                    break
-                await asyncio.sleep(0.1)
-    finally:
-        assert await driver.stop() == 0
-        silent.close()
-        for connection in held:
-            connection.close()
+    with _silent_api() as (url, _):
+        driver = Driver(short_tmp, tree, url)
+        await driver.start()
+        try:
+            target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
+            async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as gave_up:
+                    await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                        v1.NodePrepareResourcesRequest(
+                            claims=[v1.Claim(namespace="d", uid="u", name="c")]
+                        ),
+                        timeout=1,
+                    )
+                assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                await _logged(driver, said, 30)  # the API call's own timeout is 15 s
+        finally:
+            assert await driver.stop() == 0
 
     log = driver.log.read_text()
     assert said in log
