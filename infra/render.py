@@ -52,6 +52,7 @@ from plugin.core.terminal import Parser, one_line, say, write_stdout
 from plugin.core.userfiles import (
     MAX_FILE_BYTES,
     UnreadableError,
+    on_read_only_fs,
     read_text,
     shown,
     staged,
@@ -227,9 +228,9 @@ def _digest(path: Path) -> list[object] | None:
 
 
 def _read_only(path: Path) -> str | None:
-    """Why no chmod helps: `path` is on a read-only file system (access() says only EROFS)."""
+    """Why no chmod helps, when `path` is on a read-only file system."""
     with contextlib.suppress(OSError):
-        if os.statvfs(path).f_flag & os.ST_RDONLY:
+        if on_read_only_fs(path):
             return "is on a read-only file system: name a directory on a writable one"
     return None
 

@@ -306,11 +306,16 @@ def _strict_loader() -> type:
     return StrictLoader
 
 
+def on_read_only_fs(path: Path) -> bool:
+    """Whether `path` is on a read-only file system (access() says only EROFS: no chmod helps)."""
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+
+
 def why_not_writable(directory: Path) -> str | None:
     """Why a file cannot be created in `directory` (None when one was just created there)."""
     try:
         mode = directory.stat().st_mode
-        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+        read_only = on_read_only_fs(directory)
     except FileNotFoundError:
         return "does not exist"
     except OSError as exc:
