@@ -12,6 +12,10 @@ D2  pod create -> Running, scheduled by the scheduler: a claim of a shared devic
 D3  an exclusive HCA's port going down -> its device gone from the node's ResourceSlice, and back
     up -> published again (the fixture's sysfs: found by the rescan, every 0.5 s here; a real
     port is also followed over netlink).
+D4  a shared pool at the top of maxAllocations, its device names as long as they may be (a
+    second driver, unknown to the kubelet): start -> every slice in the API, a deleted slice ->
+    written again (a list of the node's slices, a page at a time), and the driver's peak RSS
+    against the DaemonSet's memory limit.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from typing import Any
 
 import grpc
 
-from benchmarks.plugin_bench import fmt_ms
+from benchmarks.plugin_bench import fmt_ms, mib, status_kib
+from plugin.config import MAX_ALLOCATIONS_LIMIT
 from plugin.core.sockets import CHANNEL_OPTIONS, grpc_target
 from plugin.dra.api.dra.v1 import api_pb2 as v1
 from plugin.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
@@ -36,7 +41,7 @@ from plugin.dra.devices import device_class, device_class_name
 from plugin.launch import DRA_DRIVER, dra_socket
 from tests.e2e.cluster import BUSYBOX_IMAGE, NODE, Cluster, Peers, reap_stale_runs, run_lock
 from tests.e2e.kube import Api, ApiError
-from tests.e2e.node import DraDriver, Plugin
+from tests.e2e.node import BIG_DRIVER, BIG_SLICES, DraDriver, Plugin, big_dra_driver
 from tests.e2e.procs import eventually
 from tests.e2e.scenario import RESOURCE as DP_RESOURCE
 from tests.e2e.scenario import wait_allocatable
@@ -212,6 +217,38 @@ def d3(api: Api, driver: DraDriver) -> None:
     print(f"D3 port up -> device published again: {fmt(samples['ACTIVE'])}")
 
 
+def d4(api: Api, big: DraDriver) -> None:
+    selector = f"spec.nodeName={NODE},spec.driver={BIG_DRIVER}"
+
+    def names() -> set[str]:
+        items = api.get(f"{RESOURCE}/resourceslices?fieldSelector={selector}")["items"]
+        return {s["metadata"]["name"] for s in items}
+
+    def every_one() -> set[str]:
+        found = names()
+        return found if len(found) == BIG_SLICES else set()
+
+    t0 = time.perf_counter()
+    big.proc.start()
+    try:
+        everything = eventually(every_one, 600, "every slice")
+        published = time.perf_counter() - t0
+        deleted = sorted(everything)[0]
+        api.call("DELETE", f"{RESOURCE}/resourceslices/{deleted}")
+        t1 = time.perf_counter()
+        eventually(lambda: deleted in names(), 120, "the deleted slice written again")
+        mended = time.perf_counter() - t1
+        peak = status_kib(big.proc.pid, "VmHWM")
+    finally:
+        big.stop()
+        api.call("DELETE", f"{RESOURCE}/resourceslices?fieldSelector=spec.driver={BIG_DRIVER}")
+    print(
+        f"D4 {MAX_ALLOCATIONS_LIMIT} share devices ({BIG_SLICES} slices): published in "
+        f"{published:.1f} s; a deleted one written again in {mended:.1f} s (the node's slices "
+        f"listed a page at a time); driver peak RSS {mib(peak)}"
+    )
+
+
 def main() -> int:
     peers = Peers.find()
     if isinstance(peers, str):
@@ -244,6 +281,7 @@ def main() -> int:
             asyncio.run(d1(api, driver))
             d2(api)
             d3(api, driver)
+            d4(api, big_dra_driver(node_root, logs, cluster.kubeconfig))
         finally:
             for stop in stops:
                 stop()

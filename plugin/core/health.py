@@ -59,12 +59,14 @@ class HealthWatcher:
         # netdevs rtnetlink last reported without carrier; they hold their ports down
         self._no_carrier: frozenset[str] = frozenset()
         self._inventory = Inventory()  # the last scan, as discovery read it
+        self._views: list[policy.PoolView] = []  # the last ones made, kept where unchanged
         self._fail_fast: asyncio.Task[None] | None = None
 
-    def _views(self) -> list[policy.PoolView]:
+    def _make_views(self) -> list[policy.PoolView]:
         """The last scan's inventory with the ports of netdevs without carrier held down."""
         inventory = without_carrier(self._inventory, self._no_carrier)
-        views, conflicts = policy.assign(self.config, inventory)
+        views, conflicts = policy.assign(self.config, inventory, self._views)
+        self._views = views
         self._report(inventory, views, conflicts)
         return views
 
@@ -99,8 +101,8 @@ class HealthWatcher:
             return
         self._inventory = inventory
         self.metrics.last_scan.set(time.time())
-        # carrier lost while the scan ran is still held: _views applies the current set
-        await self.publish(self._views())
+        # carrier lost while the scan ran is still held: _make_views applies the current set
+        await self.publish(self._make_views())
 
     def _on_overrun(self, rtnetlink: bool) -> None:
         self.metrics.errors.labels(kind="netlink_overrun").inc()
@@ -115,7 +117,7 @@ class HealthWatcher:
         lost = down - self._no_carrier
         self._no_carrier = frozenset((self._no_carrier - changes.keys()) | down)
         if lost & {n for h in self._inventory.hcas for n in h.netdevs}:
-            views = self._views()
+            views = self._make_views()
             # one at a time: a later loss publishes after the earlier one, never before
             self._fail_fast = asyncio.get_running_loop().create_task(
                 self._publish_after(self._fail_fast, views)

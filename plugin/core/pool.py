@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from functools import cached_property
@@ -85,9 +86,13 @@ def selects(selector: Selector, hca: Hca) -> bool:
     )
 
 
-def assign(config: PluginConfig, inventory: Inventory) -> tuple[list[PoolView], list[str]]:
+def assign(
+    config: PluginConfig, inventory: Inventory, last: Sequence[PoolView] = ()
+) -> tuple[list[PoolView], list[str]]:
     """Split the HCAs among pools. An HCA an exclusive pool selects belongs to the first pool
-    (config order) that selects it; every other claim is reported as a conflict."""
+    (config order) that selects it; every other claim is reported as a conflict. A pool whose
+    HCAs are as in `last` keeps its view there, the same object: its device IDs (up to 100000)
+    are not made again on every scan, and what its users built of it stays good."""
     claims: dict[str, list[Pool]] = defaultdict(list)
     for hca in inventory.hcas:
         for pool in config.pools:
@@ -106,7 +111,14 @@ def assign(config: PluginConfig, inventory: Inventory) -> tuple[list[PoolView], 
             pools = pools[:1]
         for pool in pools:
             taken[pool.name].append(hca)
-    views = [build_view(p, tuple(taken[p.name]), inventory.rdma_cm) for p in config.pools]
+    kept = {v.pool.name: v for v in last}
+    views: list[PoolView] = []
+    for pool in config.pools:
+        hcas = tuple(taken[pool.name])
+        view = kept.get(pool.name)
+        if view is None or (view.pool, view.hcas, view.rdma_cm) != (pool, hcas, inventory.rdma_cm):
+            view = build_view(pool, hcas, inventory.rdma_cm)
+        views.append(view)
     return views, conflicts
 
 

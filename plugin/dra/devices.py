@@ -101,8 +101,9 @@ def _shares(view: policy.PoolView) -> list[SliceDevice]:
         ("pool", view.pool.name),
         ("hcas", ",".join(usable)),
     )
+    prefix = label(view.pool.name)
     return [
-        SliceDevice(f"{label(view.pool.name)}-{i}", view.pool.name, usable, attributes)
+        SliceDevice(f"{prefix}-{i}", view.pool.name, usable, attributes)
         for i in range(view.pool.max_allocations)
     ]
 

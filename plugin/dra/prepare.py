@@ -133,7 +133,11 @@ class Preparer:
         self._before: dict[str, Prepared | None] = {}
 
     def update(self, views: Sequence[policy.PoolView]) -> list[SliceDevice]:
-        """The node's state after a scan; the devices it publishes now."""
+        """The node's state after a scan; the devices it publishes now. Views that are the
+        last ones (a scan that changed nothing keeps them) give the last devices: at the top
+        of maxAllocations, making them again took 0.2 s of every scan."""
+        if len(views) == len(self._views) and all(self._views.get(v.pool.name) is v for v in views):
+            return list(self._devices.values())
         devices, skipped = slice_devices(views)
         for reason in skipped:
             logger.warning("%s", reason)

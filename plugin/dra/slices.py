@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
+import json
 import logging
+import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from plugin.core.kubeapi import KubeApi, KubeApiError, in_background
 from plugin.dra.devices import SliceDevice, label, slices
@@ -20,6 +23,11 @@ logger = logging.getLogger(__name__)
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 _BACKOFF_START, _BACKOFF_MAX = 1.0, 30.0
 _RECHECK = 60.0
+# slices per list page: a node's slices at maxAllocations' top, listed whole, were over the
+# 16 MiB an answer may be. 100 pages hold 6 times the most a node publishes (100000 shares in
+# 782 slices, an exclusive device per HCA): a server that never ends its pages is said.
+_PAGE, _MAX_PAGES = 50, 100
+_PROGRESS = 10.0  # a reconcile still writing after this long says how far it is
 
 
 def slice_name(node: str, driver: str, index: int) -> str:
@@ -27,24 +35,33 @@ def slice_name(node: str, driver: str, index: int) -> str:
 
 
 def desired(
-    driver: str, node: str, generation: int, devices: Sequence[SliceDevice]
-) -> list[dict[str, Any]]:
-    """The ResourceSlice objects (without metadata beyond the name) for these devices."""
-    parts = slices(devices)
-    return [
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": {"name": slice_name(node, driver, i)},
-            "spec": {
-                "driver": driver,
-                "nodeName": node,
-                "pool": {"name": node, "generation": generation, "resourceSliceCount": len(parts)},
-                "devices": [d.as_api() for d in part],
-            },
-        }
-        for i, part in enumerate(parts)
-    ]
+    driver: str, node: str, generation: int, count: int, index: int, devices: Sequence[SliceDevice]
+) -> dict[str, Any]:
+    """ResourceSlice `index` of `count` (without metadata beyond the name), holding `devices`."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": slice_name(node, driver, index)},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+            "devices": [d.as_api() for d in devices],
+        },
+    }
+
+
+class Listed(NamedTuple):
+    """What the publisher keeps of a slice in the API: its spec as a digest, not as parsed JSON
+    (a node's 100000 share devices took 94 MiB each as listed and as wanted)."""
+
+    resource_version: str
+    generation: int
+    spec: bytes
+
+
+def spec_digest(spec: object) -> bytes:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).digest()
 
 
 class SlicePublisher:
@@ -83,7 +100,7 @@ class SlicePublisher:
                 continue
             try:
                 existing, version = await in_background(self._existing)
-                newest = max((_generation(s) for s in existing.values()), default=0)
+                newest = max((s.generation for s in existing.values()), default=0)
                 if not self.published and newest >= self.generation:
                     self.generation = newest + 1  # a restart: past what the last run published
                 await in_background(
@@ -139,40 +156,68 @@ class SlicePublisher:
     def _query(self) -> dict[str, str]:
         return {"fieldSelector": f"spec.nodeName={self.node},spec.driver={self.driver}"}
 
-    def _existing(self) -> tuple[dict[str, dict[str, Any]], str | None]:
-        """The node's slices of this driver, by name, and the list's resourceVersion."""
-        listed = self.api.call("GET", RESOURCE_SLICES, query=self._query())
-        items: Any = None
-        if isinstance(listed, dict):
-            items = cast(dict[str, Any], listed).get("items") or []
-        # what the rest reads of each, checked here once: an odd answer is retried, not a crash
-        if not isinstance(items, list) or not all(_is_slice(s) for s in cast(list[Any], items)):
-            raise KubeApiError(
-                f"GET {RESOURCE_SLICES}: the answer is not a list of ResourceSlices: is the "
-                "server an API server of 1.34 or newer?"
-            )
-        meta: Any = cast(dict[str, Any], listed).get("metadata")
-        version: Any = (
-            cast(dict[str, Any], meta).get("resourceVersion") if isinstance(meta, dict) else None
+    def _existing(self) -> tuple[dict[str, Listed], str | None]:
+        """The node's slices of this driver, by name, and the list's resourceVersion: listed
+        a page at a time."""
+        found: dict[str, Listed] = {}
+        query = {**self._query(), "limit": str(_PAGE)}
+        for _ in range(_MAX_PAGES):
+            listed = self.api.call("GET", RESOURCE_SLICES, query=query)
+            items: Any = None
+            meta: Any = None
+            if isinstance(listed, dict):
+                items = cast(dict[str, Any], listed).get("items") or []
+                meta = cast(dict[str, Any], listed).get("metadata") or {}
+            # what the rest reads of each, checked here once: an odd answer is retried, not a
+            # crash
+            if (
+                not isinstance(items, list)
+                or not isinstance(meta, dict)
+                or not all(_is_slice(s) for s in cast(list[Any], items))
+            ):
+                raise KubeApiError(
+                    f"GET {RESOURCE_SLICES}: the answer is not a list of ResourceSlices: is the "
+                    "server an API server of 1.34 or newer?"
+                )
+            for s in cast(list[dict[str, Any]], items):
+                found[s["metadata"]["name"]] = Listed(
+                    s["metadata"]["resourceVersion"], _generation(s), spec_digest(s["spec"])
+                )
+            version: Any = cast(dict[str, Any], meta).get("resourceVersion")
+            more: Any = cast(dict[str, Any], meta).get("continue")
+            if not more or not isinstance(more, str):
+                return found, version if isinstance(version, str) else None
+            query = {**self._query(), "limit": str(_PAGE), "continue": more}
+        raise KubeApiError(
+            f"GET {RESOURCE_SLICES}: the list of {self.node}'s slices did not end within "
+            f"{_MAX_PAGES} pages of {_PAGE}: is the server an API server?"
         )
-        found = {s["metadata"]["name"]: s for s in cast(list[dict[str, Any]], items)}
-        return found, version if isinstance(version, str) else None
 
     def _reconcile(
-        self, existing: dict[str, dict[str, Any]], generation: int, devices: Sequence[SliceDevice]
+        self, existing: dict[str, Listed], generation: int, devices: Sequence[SliceDevice]
     ) -> None:
-        wanted = desired(self.driver, self.node, generation, devices)
+        """Each slice built, compared and written in turn: the whole set at once held every
+        device's JSON twice."""
+        parts = slices(devices)
         changed = 0
-        for item in wanted:
+        said = time.monotonic()
+        for index, part in enumerate(parts):
+            item = desired(self.driver, self.node, generation, len(parts), index, part)
             name = item["metadata"]["name"]
             old = existing.pop(name, None)
             if old is None:
                 self.api.call("POST", RESOURCE_SLICES, item)
                 changed += 1
-            elif old["spec"] != item["spec"]:
-                item["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+            elif old.spec != spec_digest(item["spec"]):
+                item["metadata"]["resourceVersion"] = old.resource_version
                 self.api.call("PUT", f"{RESOURCE_SLICES}/{name}", item)
                 changed += 1
+            if time.monotonic() - said > _PROGRESS:
+                said = time.monotonic()
+                logger.info(
+                    "ResourceSlices of %s: generation %d, %d of %d slices reconciled so far",
+                    self.node, generation, index + 1, len(parts),
+                )  # fmt: skip
         for name in existing:
             self.api.call("DELETE", f"{RESOURCE_SLICES}/{name}")
             changed += 1
@@ -182,7 +227,7 @@ class SlicePublisher:
                 self.node,
                 generation,
                 len(devices),
-                len(wanted),
+                len(parts),
                 changed,
             )
         self.published = generation

@@ -10,7 +10,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from plugin.launch import DraLaunchSpec, LaunchSpec
+from plugin.config import MAX_ALLOCATIONS_LIMIT
+from plugin.dra.devices import MAX_DEVICES_PER_SLICE, MAX_LABEL
+from plugin.launch import DRA_DRIVER, DraLaunchSpec, LaunchSpec
 from tests.e2e.cluster import CDI_DIR, DEVICE_PLUGIN_DIR, NODE
 from tests.e2e.procs import Proc, eventually
 from tests.plugin.plugin_process import free_port
@@ -120,7 +122,16 @@ class DraDriver:
     """`python -m plugin.dra` as the DaemonSet would run it, on a four-HCA fixture node (two
     shared, two exclusive, under two PCIe roots), registered with the cluster's kubelet."""
 
-    def __init__(self, root: Path, logs: Path, kubelet_root: Path, kubeconfig: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        logs: Path,
+        kubelet_root: Path,
+        kubeconfig: Path,
+        *,
+        config: str = DRA_CONFIG,
+        driver_name: str = DRA_DRIVER,
+    ) -> None:
         self.root = root
         self.tree = SysfsTree(root / "dra-node").rdma_cm()
         for i, (name, pcie_root) in enumerate(PCIE_ROOTS.items()):
@@ -133,7 +144,7 @@ class DraDriver:
             )
         self.dev_numbers = make_char_devices(self.tree)
         self.config = root / "dra.yaml"
-        self.config.write_text(DRA_CONFIG)
+        self.config.write_text(config)
         self.metrics_port = free_port()
         self.spec = DraLaunchSpec(
             config=self.config,
@@ -148,8 +159,10 @@ class DraDriver:
             plugins_registry_dir=kubelet_root / "plugins_registry",
             plugins_dir=kubelet_root / "plugins",
             cdi_dir=CDI_DIR,
+            driver_name=driver_name,
         )
-        self.proc = Proc("dra-driver", self.spec.command(sys.executable), logs / "dra.log", REPO)
+        log = logs / f"dra-{driver_name}.log"
+        self.proc = Proc("dra-driver", self.spec.command(sys.executable), log, REPO)
 
     def start(self) -> None:
         self.proc.start()
@@ -176,3 +189,23 @@ class DraDriver:
 
     def cdi_specs(self) -> list[Path]:
         return sorted(CDI_DIR.glob(f"{self.spec.driver_name}-*.json"))
+
+
+# A shared pool at the top of maxAllocations, its device names as long as a DNS label lets them
+# be: 782 slices whose list (~23 MB) is over the 16 MiB the driver reads of one answer.
+BIG_DRIVER = "big.rdma.example.com"
+BIG_POOL = "s" * (MAX_LABEL - len(f"-{MAX_ALLOCATIONS_LIMIT - 1}"))
+BIG_SLICES = -(-MAX_ALLOCATIONS_LIMIT // MAX_DEVICES_PER_SLICE)
+
+
+def big_dra_driver(node_root: Path, logs: Path, kubeconfig: Path) -> DraDriver:
+    """A second driver publishing that pool on the node, in plugin dirs of its own: the kubelet
+    does not know it, so the API holds its only trace (its slices, deleted by the caller)."""
+    kubelet_root = node_root / "big-kubelet"
+    for sub in ("plugins", "plugins_registry"):
+        (kubelet_root / sub).mkdir(parents=True, exist_ok=True)
+    pool = f"{{name: {BIG_POOL}, maxAllocations: {MAX_ALLOCATIONS_LIMIT}}}"
+    config = f"version: v1\npools:\n  - {pool}\n"
+    return DraDriver(
+        node_root / "big", logs, kubelet_root, kubeconfig, config=config, driver_name=BIG_DRIVER
+    )

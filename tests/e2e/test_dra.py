@@ -14,11 +14,19 @@ from typing import Any
 
 import pytest
 
+from plugin.config import MAX_ALLOCATIONS_LIMIT
 from plugin.dra.devices import PCIE_ROOT_ATTRIBUTE, device_class, device_class_name
 from plugin.launch import DRA_DRIVER
 from tests.e2e.cluster import BUSYBOX_IMAGE, NODE, Cluster
 from tests.e2e.kube import Api, ApiError, pod_gone
-from tests.e2e.node import PCIE_ROOTS, ROCE_ADDRESS, DraDriver
+from tests.e2e.node import (
+    BIG_DRIVER,
+    BIG_SLICES,
+    PCIE_ROOTS,
+    ROCE_ADDRESS,
+    DraDriver,
+    big_dra_driver,
+)
 from tests.e2e.procs import eventually, run
 from tests.e2e.scenario import LISTING, hex_numbers, read_listing
 
@@ -367,3 +375,41 @@ def test_a_driver_gone_leaves_no_slice(api: Api, dra: DraDriver) -> None:
         eventually(lambda: not _slices(api), 90, "no ResourceSlice of the driver left")
     finally:
         dra.start()
+
+
+# 7 -----------------------------------------------------------------------------------------
+def test_a_pool_at_the_top_of_max_allocations_is_published_whole_and_mended(
+    cluster: Cluster, node_root: Path, logs: Path, api: Api
+) -> None:
+    """100000 share devices named as long as they may be: the driver lists its slices a page
+    at a time. A slice deleted by anyone else is written again, and no other is written."""
+    big = big_dra_driver(node_root, logs, cluster.kubeconfig)
+
+    def published() -> list[dict[str, Any]]:
+        big.proc.check_alive()
+        slices = _slices(api, BIG_DRIVER)
+        return slices if len(slices) == BIG_SLICES else []
+
+    big.proc.start()
+    try:
+        before = eventually(published, 240, f"the {BIG_SLICES} slices of the big pool")
+        assert sum(len(s["spec"]["devices"]) for s in before) == MAX_ALLOCATIONS_LIMIT
+        versions = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in before}
+        deleted = before[BIG_SLICES // 2]["metadata"]["name"]
+
+        api.call("DELETE", f"{RESOURCE}/resourceslices/{deleted}")
+        after = eventually(
+            lambda: [s for s in published() if s["metadata"]["name"] == deleted], 120,
+            "the deleted slice written again",
+        )  # fmt: skip
+
+        assert after[0]["spec"]["pool"]["resourceSliceCount"] == BIG_SLICES
+        written = {
+            s["metadata"]["name"]
+            for s in _slices(api, BIG_DRIVER)
+            if versions[s["metadata"]["name"]] != s["metadata"]["resourceVersion"]
+        }
+        assert written == {deleted}
+    finally:
+        big.stop()
+        api.call("DELETE", f"{RESOURCE}/resourceslices?fieldSelector=spec.driver={BIG_DRIVER}")

@@ -478,12 +478,14 @@ class OddApi:
         (500, json.dumps({"message": "one\nINJECTED two"}).encode(), "500 one\\nINJECTED two"),
         (200, b'{"items": "x"}', "the answer is not a list of ResourceSlices"),
         (200, b'{"items": [{"spec": {}}]}', "the answer is not a list of ResourceSlices"),
+        (200, b'{"items": [], "metadata": {"continue": "again"}}',
+         "the list of node-a's slices did not end within 100 pages of 50"),
     ],
     ids=["not-json", "huge-error", "echoes-the-token", "echoes-it-base64", "echoes-it-lower-case",
          "echoes-it-percent-encoded", "echoes-the-header-base64", "echoes-it-html-escaped",
          "echoes-it-percent-encoded-twice",
          "a-list", "nested-deep", "a-redirect", "line-break", "items-not-a-list",
-         "items-without-metadata"],
+         "items-without-metadata", "pages-without-end"],
 )  # fmt: skip
 async def test_an_odd_api_answer_is_one_bounded_line_and_the_driver_serves_on(
     short_tmp: Path, tree: SysfsTree, status: int, body: bytes, said: str

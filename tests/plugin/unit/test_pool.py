@@ -103,6 +103,26 @@ def test_hca_claimed_by_an_exclusive_and_another_pool_goes_to_the_first() -> Non
     ]
 
 
+def test_a_pool_whose_hcas_did_not_change_keeps_its_view_and_the_others_are_made_anew() -> None:
+    shared = Pool(name="s", selector=Selector(ibdevs=("mlx5_[01]",)), max_allocations=100_000)
+    cfg = PluginConfig(pools=(shared, Pool(name="x", mode="exclusive")))
+    inventory = Inventory(hcas=(hca("mlx5_0"), hca("mlx5_1"), hca("mlx5_2")))
+    first, _ = policy.assign(cfg, inventory)
+
+    again, _ = policy.assign(cfg, inventory, first)
+    port_down, _ = policy.assign(
+        cfg, Inventory(hcas=(hca("mlx5_0"), hca("mlx5_1"), hca("mlx5_2", active=False))), again
+    )
+    bigger = PluginConfig(pools=(Pool(name="s", max_allocations=99_999), cfg.pools[1]))
+    reconfigured, _ = policy.assign(bigger, inventory, port_down)
+
+    assert [a is b for a, b in zip(first, again, strict=True)] == [True, True]
+    assert [a is b for a, b in zip(again, port_down, strict=True)] == [True, False]
+    assert not port_down[1].devices[0].healthy
+    assert reconfigured[0] is not port_down[0]
+    assert len(reconfigured[0].devices) == 99_999
+
+
 def test_shared_pool_stays_healthy_while_one_hca_is_active() -> None:
     v = view("shared", [hca("mlx5_0", active=False), hca("mlx5_1")], max_allocations=1)
     assert v.devices[0].healthy
