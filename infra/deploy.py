@@ -421,27 +421,40 @@ def _exit(code: str) -> str:
 _SIGNALS = {int(s): s.name for s in signal.Signals}
 
 
+# What the engine's output must never show, should a CLI or plugin print its environment: the
+# stack's passphrase, the backend's token, and the Alibaba Cloud credentials the provider reads
+# (either spelling).
+ENGINE_SECRETS = (
+    "PULUMI_CONFIG_PASSPHRASE",
+    "PULUMI_ACCESS_TOKEN",
+    "ALICLOUD_ACCESS_KEY",
+    "ALICLOUD_SECRET_KEY",
+    "ALICLOUD_SECURITY_TOKEN",
+    "ALIBABA_CLOUD_ACCESS_KEY_ID",
+    "ALIBABA_CLOUD_ACCESS_KEY_SECRET",
+    "ALIBABA_CLOUD_SECURITY_TOKEN",
+)
+
+
 def _engine_secrets() -> list[str]:
-    """What the engine's output must never show, though a CLI or plugin may print its
-    environment: the stack's passphrase (as set, or in its file) and the backend's token."""
-    found = [
-        os.environ.get(name, "") for name in ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_ACCESS_TOKEN")
-    ]
+    """The values of ENGINE_SECRETS, and the passphrase in the file
+    PULUMI_CONFIG_PASSPHRASE_FILE names."""
+    found = {name: os.environ.get(name, "") for name in ENGINE_SECRETS}
     if path := os.environ.get("PULUMI_CONFIG_PASSPHRASE_FILE"):
         try:
-            found.append(read_text(Path(path)).strip())
+            found["the passphrase in PULUMI_CONFIG_PASSPHRASE_FILE"] = read_text(Path(path)).strip()
         except UnreadableError as exc:  # a missing one: the CLI says so
             if not exc.missing:
                 say(
                     f"deploy: PULUMI_CONFIG_PASSPHRASE_FILE {path}: {exc}: the passphrase in it "
                     "is not masked in the engine's output"
                 )
-    if any(0 < len(s) < RUN for s in found):  # a short one is masked as a word of its own only
-        say(
-            f"deploy: a passphrase or token of fewer than {RUN} characters is masked in the "
-            "engine's output only where it stands alone, not encoded: use a longer one"
+    if short := [name for name, value in found.items() if 0 < len(value) < RUN]:
+        say(  # a short one is masked as a word of its own only
+            f"deploy: {', '.join(short)}: fewer than {RUN} characters, masked in the engine's "
+            "output only where it stands alone, not encoded: use a longer one"
         )
-    return found
+    return list(found.values())
 
 
 def _bytes(path: Path) -> bytes | None:

@@ -197,6 +197,17 @@ def _folded(text: str) -> str:
     return text.translate(_FOLD)
 
 
+def _as_read(secret: str) -> str:
+    """A secret from the environment holding bytes that are not UTF-8 (Python's surrogate
+    escapes, which no encoder takes) as a peer's output carrying those bytes reads: decoded
+    with replacement."""
+    try:
+        raw = secret.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no decoder made
+        raw = secret.encode("utf-8", "replace")
+    return raw.decode("utf-8", "replace")
+
+
 class Mask:
     """Any run of `RUN` characters or more of a secret, or of one of its forms, in any letter
     case, even spaced out: masked by `label`. A secret shorter than `RUN` is masked where it is
@@ -204,7 +215,7 @@ class Mask:
 
     def __init__(self, *secrets: str | None, label: str = MASK) -> None:
         self._label = label
-        given = {s for s in secrets if s}
+        given = {_as_read(s) for s in secrets if s}
         # a short one as a word of its own: a token "t" is not every t of a message; as given
         # and as a text holding it reads once decoded (without its accents)
         short = sorted({t for s in given if len(s) < RUN for t in (s, decoded(s)) if t})

@@ -1178,8 +1178,8 @@ def test_a_stop_during_the_engine_is_said_at_once_and_a_second_stop_kills_it(
 @pytest.mark.parametrize(
     ("given", "passphrase"),
     [("env", "correct horse battery staple"), ("file", "correct horse battery staple"),
-     ("env", "Ünïcödé-密码-паролька")],
-    ids=["env", "file", "not-ascii"],
+     ("env", "Ünïcödé-密码-паролька"), ("env", "P\udce4ssw\udcf6rd-battery-staple")],
+    ids=["env", "file", "not-ascii", "not-utf-8"],  # the last: Latin-1 bytes, set in a shell
 )  # fmt: skip
 def test_the_passphrase_and_token_are_masked_and_controls_escaped_in_what_the_engine_says(
     tmp_path: Path, given: str, passphrase: str
@@ -1217,6 +1217,35 @@ def test_the_passphrase_and_token_are_masked_and_controls_escaped_in_what_the_en
     assert "clear\\x1b[2J screen" in done.stdout  # a control character escaped, secret or not
 
 
+def test_alibaba_cloud_credentials_are_masked_in_what_the_engine_says(tmp_path: Path) -> None:
+    """The provider's credentials come from the environment too, under either spelling."""
+    names = ("ALICLOUD_ACCESS_KEY", "ALICLOUD_SECRET_KEY", "ALICLOUD_SECURITY_TOKEN",
+             "ALIBABA_CLOUD_ACCESS_KEY_ID", "ALIBABA_CLOUD_ACCESS_KEY_SECRET",
+             "ALIBABA_CLOUD_SECURITY_TOKEN")  # fmt: skip
+    credentials = {name: f"{i}-Zq8xR2vN7mK4pL9sT3wY6b" for i, name in enumerate(names)}
+    script = (
+        '#!/bin/sh\nif [ "$1" = version ]; then echo v3.277.0; exit 0; fi\n'
+        'case "$*" in *preview*) ;; *) exit 0;; esac\n'
+        "env | grep -i ali | sort\n"
+        'echo "error: secret=$ALICLOUD_SECRET_KEY" >&2; exit 1\n'
+    )
+    path = _fake_pulumi(tmp_path / "bin", script)
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path, **credentials}
+
+    done = subprocess.run(
+        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, done.stderr
+    assert "error: secret=[secret]" in done.stderr
+    assert "Zq8xR2vN" not in said
+    assert [ln for ln in done.stdout.splitlines() if "=[secret]" in ln] == [
+        f"{name}=[secret]" for name in sorted(credentials)
+    ]
+
+
 def test_a_passphrase_file_deploy_cannot_read_is_said_as_not_masked(tmp_path: Path) -> None:
     path = _fake_pulumi(tmp_path / "bin", "#!/bin/sh\necho v3.277.0\n")
     big = tmp_path / "phrase"
@@ -1248,7 +1277,7 @@ def test_a_short_passphrase_is_said_to_be_masked_only_where_it_stands_alone(
     )  # fmt: skip
 
     assert done.stderr.splitlines()[0] == (
-        "deploy: a passphrase or token of fewer than 8 characters is masked in the engine's "
+        "deploy: PULUMI_CONFIG_PASSPHRASE: fewer than 8 characters, masked in the engine's "
         "output only where it stands alone, not encoded: use a longer one"
     )
     assert "Zq7Xw9K" not in done.stdout + done.stderr
