@@ -307,7 +307,9 @@ def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".render-", dir=out.parent))  # short: any fits
     except OSError:
-        if os.path.ismount(out):  # a volume under a read-only root (docker run --read-only -v)
+        # a volume under a read-only root (docker run --read-only -v), or a directory of one's
+        # own in one that is not (check_out found it writable)
+        if os.path.ismount(out) or out.is_dir():
             return _write_in_place(out, texts)
         raise
     old = staging.with_name(staging.name + ".old")
@@ -350,8 +352,8 @@ def _like(staging: Path, out: Path) -> None:
 
 
 def _write_in_place(out: Path, texts: dict[str, str]) -> Path | None:
-    """`out` is a mount point (a container's volume), which no rename can swap: every new file
-    is written beside the old ones first, so a volume too full for both keeps the previous
+    """`out` is a mount point (a container's volume), which no rename can swap, or in a
+    directory where nothing new can be made: every new file is written beside the old ones first, so a volume too full for both keeps the previous
     render whole; then, signals held off, each is renamed onto its name, the previous render's
     other files (where unchanged) are removed, and the MARKER goes last. Returns `out` when
     other files are in it."""

@@ -180,6 +180,11 @@ def _why(exc: OSError, out: Path | None) -> str:
     why = why_not_writable(out.parent)
     if why is not None:
         return f"{out.parent} {why}: {fix}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the dir takes files, not their bytes
+        return (
+            f"{out.parent} has no room for it ({exc.strerror}): free space there (an "
+            "emptyDir's sizeLimit), or name a file on another file system"
+        )
     if exc.errno == errno.EPERM and out.exists():  # the dir takes new files: the file is held
         return (
             f"{out} cannot be replaced (Operation not permitted: immutable or append-only? "

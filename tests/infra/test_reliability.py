@@ -1870,6 +1870,35 @@ def test_an_out_its_user_cannot_write_is_named_not_its_parent(shared_dir: Path) 
     assert not [p for p in shared.iterdir() if p.name.startswith(".render-")]
 
 
+def test_an_out_of_ones_own_in_a_dir_one_cannot_write_is_rendered_in_place(
+    shared_dir: Path,
+) -> None:
+    """Run as nobody: `--out` its own, its parent root's (nothing can be staged beside it) was
+    `cannot write in <parent> (Permission denied)`, with no fix; the user can write the dir."""
+    parent = shared_dir / "parent"
+    out = parent / "out"
+    out.mkdir(parents=True)
+    shutil.chown(out, "nobody", "nogroup")
+    parent.chmod(0o755)  # root's
+
+    def render_as_nobody(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
+             "-m", "infra.render", "--stack", "dev", "--out", str(out), *flags],
+            cwd=shared_dir, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR),
+                                 "HOME": str(shared_dir)},
+            capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+
+    first = render_as_nobody()
+    second = render_as_nobody("--set", "lingjunNodeCount=7")
+
+    assert (first.returncode, second.returncode) == (0, 0), first.stderr + second.stderr
+    assert "desiredSize: '7'" in (out / "plan.md").read_text()  # the second one, whole
+    assert (out / ".lingjun-render").exists()
+    assert sorted(p.name for p in parent.iterdir()) == ["out"]
+
+
 def test_an_out_under_a_dir_its_user_cannot_enter_names_that_dir(shared_dir: Path) -> None:
     """Run as nobody: it was `--out ...: Permission denied`, with no fix."""
     closed = shared_dir / "closed"

@@ -169,8 +169,13 @@ FIX = "name a file in a writable directory"
         ("missing/nccl.env", "{parent} does not exist: " + FIX),
         ("adir", "is a directory, not a regular file: name a file to write"),
         ("ro/nccl.env", "{parent} is on a read-only file system: " + FIX),
+        (
+            "full/nccl.env",
+            "{parent} has no room for it (No space left on device): free space "
+            "there (an emptyDir's sizeLimit), or name a file on another file system",
+        ),
     ],
-    ids=["missing-dir", "a-directory", "read-only-fs"],
+    ids=["missing-dir", "a-directory", "read-only-fs", "full"],
 )
 def test_an_out_that_cannot_be_written_is_one_line_and_leaves_nothing_behind(
     tree: SysfsTree, pod_netns: str, tmp_path: Path, out: str, said: str
@@ -179,11 +184,16 @@ def test_an_out_that_cannot_be_written_is_one_line_and_leaves_nothing_behind(
     work = tmp_path / "work"
     (work / "adir").mkdir(parents=True)
     (work / "ro").mkdir()
+    (work / "full").mkdir()
     before = sorted(p.name for p in work.rglob("*"))
     target = work / out
-    # the read-only file system is a tmpfs mounted read-only in a mount namespace of its own
+    # the read-only and the full file systems are tmpfs mounted in a mount namespace of its own
+    mounts = (
+        f"mount -t tmpfs -o ro none {work / 'ro'} && mount -t tmpfs -o size=4k none "
+        f"{work / 'full'} && dd if=/dev/zero of={work / 'full/fill'} bs=4k count=1 2>/dev/null"
+    )
     done = subprocess.run(
-        ["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o ro none {work / "ro"} && exec "$@"',
+        ["unshare", "-m", "sh", "-c", f'{mounts} && exec "$@"',
          "sh", "ip", "netns", "exec", pod_netns, sys.executable, "-m", "plugin.podenv",
          "--sysfs-root", str(tree.sys), "--hcas", "mlx5_0", "--out", str(target)],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
