@@ -353,10 +353,10 @@ def _like(staging: Path, out: Path) -> None:
 
 def _write_in_place(out: Path, texts: dict[str, str]) -> Path | None:
     """`out` is a mount point (a container's volume), which no rename can swap, or in a
-    directory where nothing new can be made: every new file is written beside the old ones first, so a volume too full for both keeps the previous
-    render whole; then, signals held off, each is renamed onto its name, the previous render's
-    other files (where unchanged) are removed, and the MARKER goes last. Returns `out` when
-    other files are in it."""
+    directory where nothing new can be made: every new file is written beside the old ones
+    first, so a volume too full for both keeps the previous render whole; then, signals held
+    off, each is renamed onto its name, the previous render's other files (where unchanged)
+    are removed, and the MARKER goes last. Returns `out` when other files are in it."""
     old = _written(out)
     ours = {**old, MARKER: _digest(out / MARKER)} if old else {}
     taken = [n for n in texts if (out / n).exists() and _digest(out / n) != ours.get(n)]

@@ -276,7 +276,10 @@ class Endpoint:
         server.add_insecure_port(grpc_target(self.path))
         await server.start()
         self._server, self._inode = server, inode(self.path)
-        self._registered_with = None  # the kubelet must dial the new socket
+        # the kubelet must dial the new socket; a stream lost on the old one is no kubelet
+        # ending streams on this one, to be held off as a flap
+        self._registered_with = None
+        self._stream_lost = False
         async with grpc.aio.insecure_channel(grpc_target(self.path), options=CHANNEL_OPTIONS) as ch:
             await api_pb2_grpc.DevicePluginStub(ch).GetDevicePluginOptions(
                 api_pb2.Empty(), timeout=5

@@ -84,7 +84,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[object, object]
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         token = self.streams.stream_opened()
-        logger.info("%s: ListAndWatch opened (registration %d)", self.resource, token)
+        logger.info("%s: ListAndWatch opened", self.resource)
         try:
             while True:
                 async with self._changed:

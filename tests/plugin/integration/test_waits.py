@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 from collections.abc import Callable
@@ -386,3 +387,39 @@ async def test_a_device_plugins_dir_with_percent_and_space_in_its_name_is_served
     finally:
         await plugin.close()
         await peer.stop()
+
+
+async def test_a_device_plugins_dir_made_again_is_served_anew_not_taken_for_a_flapping_kubelet(
+    kubelet: KubeletPeer, plugin: PluginProcess, plugin_dir: Path
+) -> None:
+    """A kubelet killed (its socket left behind), its dir removed and made again: the new
+    socket's Register is no flap to hold off (it was, twice, said as the kubelet ending the
+    stream 5 s after the old Register, long after that stream was said to have ended)."""
+    await plugin.start()
+    await kubelet.wait_registrations(1)
+    left = plugin_dir / "kubelet.sock.left"
+    os.link(plugin_dir / "kubelet.sock", left)  # grpc unlinks its socket on stop; a kill does not
+    await kubelet.stop()
+    os.rename(left, plugin_dir / "kubelet.sock")
+    await plugin.said("the kubelet ended ListAndWatch; registering again")
+
+    shutil.rmtree(plugin_dir)
+    await asyncio.sleep(2)
+    os.mkdir(plugin_dir)
+    serving = f"serving {plugin_dir / SOCKET}"
+    for _ in range(150):
+        if plugin.output().count(serving) == 2:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(1)  # what it does next, with no kubelet there
+    said = plugin.output()
+    back = KubeletPeer(plugin_dir)
+    await back.start()
+    try:
+        reg = await back.wait_registrations(1, limit=15)
+    finally:
+        await back.stop()
+
+    assert len(reg.updates[-1][1]) == 1000
+    gone = said.index(f"{plugin_dir} does not exist")
+    assert "the kubelet ended ListAndWatch" not in said[gone:], said[gone:]
