@@ -15,6 +15,7 @@ HCA_SKIPPED = "RdmaHcaSkipped"
 POOL_EMPTY = "RdmaPoolMatchesNothing"
 NON_HOST_NETWORK = "RdmaNonHostNetworkNotReady"
 REGISTRATION = "RdmaRegistrationFailing"
+POOL_TOO_LARGE = "RdmaPoolTooLarge"
 
 
 @dataclass(frozen=True)

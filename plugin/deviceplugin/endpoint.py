@@ -77,6 +77,11 @@ class Endpoint:
     def view(self) -> policy.PoolView:
         return self._servicer.view
 
+    @property
+    def unlisted(self) -> str | None:
+        """Why IDs of the pool are not advertised to the kubelet, if any are not."""
+        return self._servicer.unlisted
+
     async def update(self, view: policy.PoolView) -> None:
         await self._servicer.update(view)
 

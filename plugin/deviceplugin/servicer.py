@@ -16,7 +16,7 @@ from plugin.core.metrics import Metrics
 from plugin.core.secret import masked
 from plugin.core.userfiles import shown
 from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from plugin.deviceplugin.wire import list_and_watch_response
+from plugin.deviceplugin.wire import KUBELET_MESSAGE_MAX, list_and_watch_response
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +54,26 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         metrics.allocations.labels(resource=self.resource).inc(0)
         self._stopping = False
         self._answers: dict[tuple[str, ...], api_pb2.ContainerAllocateResponse] = {}
-        self._response = list_and_watch_response(view)
+        self.unlisted: str | None = None  # why IDs of the pool are not advertised, if any are not
+        self._response = self._listed(view)
         self._changed = asyncio.Condition()
         self._version = 0
+
+    def _listed(self, view: policy.PoolView) -> api_pb2.ListAndWatchResponse:
+        """The response, and what it leaves out said (once per change)."""
+        response = list_and_watch_response(view)
+        listed, total = len(response.devices), len(view.devices)
+        unlisted = None
+        if listed < total:
+            unlisted = (
+                f"{self.resource}: only {listed} of the pool's {total} IDs are advertised: the "
+                f"kubelet takes a device list of at most {KUBELET_MESSAGE_MAX >> 20} MiB; lower "
+                f"maxAllocations to {listed} or less (or shorten the pool's name)"
+            )
+        if unlisted != self.unlisted and unlisted is not None:
+            logger.error("%s", unlisted)
+        self.unlisted = unlisted
+        return response
 
     async def update(self, view: policy.PoolView) -> None:
         unchanged = view.devices == self.view.devices
@@ -64,7 +81,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self._answers = {}  # char devices may differ under the same device IDs
         if unchanged:
             return
-        self._response = list_and_watch_response(view)
+        self._response = self._listed(view)
         async with self._changed:
             self._version += 1
             self._changed.notify_all()

@@ -17,7 +17,7 @@ from plugin.core.health import HealthWatcher
 from plugin.core.kubeapi import KubeApi
 from plugin.core.metrics import listen_problem, serve_http
 from plugin.core.node_events import NodeEvents
-from plugin.core.problems import REGISTRATION, Problem
+from plugin.core.problems import POOL_TOO_LARGE, REGISTRATION, Problem
 from plugin.core.scrape import metrics_for
 from plugin.core.terminal import say, stop_on_signals
 from plugin.deviceplugin.endpoint import Endpoint
@@ -69,7 +69,9 @@ async def run(
     def report(problems: Sequence[Problem]) -> None:
         waits = [Problem(REGISTRATION, f"{e.resource}: {w}") for e in endpoints.values()
                  if (w := e.waiting_for) is not None]  # fmt: skip
-        events.report([*problems, *waits])
+        unlisted = [Problem(POOL_TOO_LARGE, u) for e in endpoints.values()
+                    if (u := e.unlisted) is not None]  # fmt: skip
+        events.report([*problems, *waits, *unlisted])
 
     health = HealthWatcher(discovery, config, metrics, spec.rescan_interval, publish, report)
     await health.rescan()  # the first views, before any socket is served

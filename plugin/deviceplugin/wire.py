@@ -5,14 +5,23 @@ from __future__ import annotations
 from plugin.core import pool as policy
 from plugin.deviceplugin.api.v1beta1 import api_pb2
 
+# The kubelet dials a device plugin with grpc-go's default receive limit (devicemanager's
+# plugin/v1beta1/client.go, 1.34): a larger ListAndWatch response ends the stream, again after
+# every Register (100000 IDs of 63 characters took 8 MiB).
+KUBELET_MESSAGE_MAX = 4 << 20
 
-def list_and_watch_response(view: policy.PoolView) -> api_pb2.ListAndWatchResponse:
-    """The kubelet's view of a pool: every ID with its health and NUMA nodes.
+
+def list_and_watch_response(
+    view: policy.PoolView, limit: int = KUBELET_MESSAGE_MAX
+) -> api_pb2.ListAndWatchResponse:
+    """The kubelet's view of a pool: every ID with its health and NUMA nodes, as many as fit in
+    `limit` bytes (the caller says what is left out).
 
     Encoded as wire bytes and parsed once in C: a pool has up to thousands of IDs that share a
     handful of (health, topology) tails, and 10 000 message constructors take ~4x longer."""
     tails: dict[tuple[bool, tuple[int, ...]], bytes] = {}
     chunks: list[bytes] = []
+    size = 0
     for d in view.devices:
         key = (d.healthy, d.numa_nodes)
         tail = tails.get(key)
@@ -20,9 +29,14 @@ def list_and_watch_response(view: policy.PoolView) -> api_pb2.ListAndWatchRespon
             tail = tails[key] = _device_tail(*key)
         ident = d.id.encode()
         ident_size = _length(len(ident))
+        body = 1 + len(ident_size) + len(ident) + len(tail)
+        body_size = _length(body)
+        size += 1 + len(body_size) + body
+        if size > limit:
+            break
         chunks += (
             _FIELD_1,  # ListAndWatchResponse.devices
-            _length(1 + len(ident_size) + len(ident) + len(tail)),
+            body_size,
             _FIELD_1,  # Device.ID
             ident_size,
             ident,

@@ -355,3 +355,25 @@ async def test_a_node_without_rdma_cm_is_a_problem_and_still_serves_verbs(
         assert "\nrdma_plugin_problems 1.0\n" in await _metrics(node.metrics_port)
     finally:
         await node.terminate()
+
+
+async def test_a_pool_over_the_kubelets_message_limit_advertises_what_fits_and_says_so(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    """The peer reads a message of at most 4 MiB, as the kubelet's grpc-go client does: the
+    whole list of 100000 IDs of 63 characters ended each stream it opened, Register after
+    Register, and nothing was ever advertised."""
+    pool = "s" * 57
+    config = f"pools:\n  - {{name: {pool}, maxAllocations: 100000}}\n"
+    await plugin.start(plugin.write_config(config))
+    await kubelet.wait_registrations(1, resource=f"rdma/{pool}", limit=60)
+    await asyncio.sleep(2)  # a stream ended would be registered again by now
+
+    devices = kubelet.devices(f"rdma/{pool}")
+    assert len(kubelet.registrations) == 1
+    assert 0 < len(devices) < 100_000
+    assert (
+        f"ERROR plugin.deviceplugin.servicer: rdma/{pool}: only {len(devices)} of the pool's "
+        "100000 IDs are advertised: the kubelet takes a device list of at most 4 MiB; lower "
+        f"maxAllocations to {len(devices)} or less (or shorten the pool's name)"
+    ) in plugin.output()

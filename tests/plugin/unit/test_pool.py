@@ -14,7 +14,7 @@ from plugin.core.discovery.model import CharDevices, Gid, Hca, Inventory, Port
 from plugin.core.discovery.sysfs import UNREADABLE
 from plugin.core.netmode import non_host_network_problems
 from plugin.deviceplugin.api.v1beta1 import api_pb2
-from plugin.deviceplugin.wire import list_and_watch_response
+from plugin.deviceplugin.wire import KUBELET_MESSAGE_MAX, list_and_watch_response
 from plugin.launch import HCAS_ENV
 
 DEV = Path("/host/dev")
@@ -272,6 +272,20 @@ def test_list_and_watch_wire_encoding_equals_the_plain_messages(hcas: list[Hca],
         ]
     )
     assert list_and_watch_response(v) == plain
+
+
+def test_a_list_over_the_kubelets_message_limit_holds_the_ids_that_fit_and_no_more() -> None:
+    """100000 IDs of 63 characters are over the 4 MiB the kubelet takes of one message."""
+    hcas = [hca(f"mlx5_{i}", numa=i % 2, index=i) for i in range(8)]
+    v = policy.build_view(Pool(name="s" * 57, max_allocations=100_000), tuple(hcas), True)
+
+    listed = list_and_watch_response(v)
+    one_more = list_and_watch_response(v, limit=1 << 30).devices[: len(listed.devices) + 1]
+
+    assert 0 < len(listed.devices) < 100_000
+    assert [d.ID for d in listed.devices] == [d.id for d in v.devices[: len(listed.devices)]]
+    assert listed.ByteSize() <= KUBELET_MESSAGE_MAX
+    assert api_pb2.ListAndWatchResponse(devices=one_more).ByteSize() > KUBELET_MESSAGE_MAX
 
 
 def test_an_allocate_request_with_no_device_id_is_refused() -> None:
