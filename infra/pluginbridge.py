@@ -15,10 +15,14 @@ from plugin.config import (
     DEFAULT_RESOURCE_NAME,
     ConfigError,
     PluginConfig,
+    Pool,
     Problem,
     check_resource_name,
     parse_pool,
+    shared_device_id,
 )
+from plugin.core import pool as policy
+from plugin.deviceplugin.wire import KUBELET_MESSAGE_MAX, list_and_watch_response
 from plugin.launch import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_DEVICE_PLUGIN_DIR,
@@ -63,7 +67,28 @@ def plugin_config(k: Keys) -> tuple[PluginConfig | None, list[str]]:
             f"{len(os.fsencode(socket))} bytes, over the {MAX_UNIX_PATH}-byte limit of a unix "
             f"socket: a shorter name {_set(key, DEFAULT_RESOURCE_NAME)}"
         ]
+    if k.rdma_api == "devicePlugin" and (fit := _listed_ids(pool)) < pool.max_allocations:
+        return None, [
+            f"{_key('rdmaMaxAllocations')}: {pool.max_allocations} IDs of up to "
+            f"{len(shared_device_id(pool.name, pool.max_allocations - 1))} characters (the "
+            f"pool's name and a number) are over the {KUBELET_MESSAGE_MAX >> 20} MiB the "
+            f"kubelet reads of a device list, even without NUMA nodes: at most {fit} fit "
+            f"{_set('rdmaMaxAllocations', str(fit))}, or a shorter rdmaResourceName"
+        ]
     return PluginConfig(non_host_network=k.non_host_network, pools=(pool,)), []
+
+
+def _listed_ids(pool: Pool) -> int:
+    """How many of a shared pool's IDs the kubelet would be sent at the least (healthy, no
+    NUMA node): a node's topology only makes each longer, which the plugin says at run time."""
+    if pool.mode != "shared":
+        return pool.max_allocations
+    devices = tuple(
+        policy.Device(shared_device_id(pool.name, i), True, (), ())
+        for i in range(pool.max_allocations)
+    )
+    view = policy.PoolView(pool=pool, hcas=(), devices=devices, rdma_cm=True)
+    return len(list_and_watch_response(view).devices)
 
 
 def plugin_launch(k: Keys) -> tuple[LaunchSpec | DraLaunchSpec | None, list[str]]:

@@ -976,6 +976,29 @@ def test_a_resource_name_whose_socket_path_is_too_long_is_refused_before_plannin
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("api", "refused"), [("devicePlugin", True), ("dra", False)])
+def test_shared_ids_over_the_kubelets_message_limit_are_refused_before_planning(
+    tmp_path: Path, api: str, refused: bool
+) -> None:
+    """100000 IDs of 46 characters take 4.4 MiB without any NUMA node: the kubelet would end
+    every ListAndWatch. The DRA driver publishes slices instead: no such bound."""
+    done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--set=rdmaApi={api}",
+                "--set=kubernetesVersion=1.34.1-aliyun.1", "--set=rdmaMaxAllocations=100000",
+                f"--set=rdmaResourceName=rdma/{'s' * 40}", cwd=tmp_path)  # fmt: skip
+
+    if refused:
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.splitlines()[-1].endswith(
+            "lingjun-rdma:rdmaMaxAllocations: 100000 IDs of up to 46 characters (the pool's name "
+            "and a number) are over the 4 MiB the kubelet reads of a device list, even without "
+            "NUMA nodes: at most 71278 fit (pulumi config set lingjun-rdma:rdmaMaxAllocations "
+            "71278), or a shorter rdmaResourceName"
+        )
+        assert not (tmp_path / "out").exists()
+    else:
+        assert done.returncode == 0, done.stderr
+
+
 def test_a_failing_engine_command_is_named_with_its_code_and_last_stderr_lines(
     tmp_path: Path,
 ) -> None:
