@@ -31,6 +31,9 @@ _ROUNDS = 4
 # ASCII letters in lower case, URL-safe base64's two characters as standard's: one character
 # for one (str.lower makes 'İ' two, which would move every span after it)
 _FOLD = str.maketrans(string.ascii_uppercase + "-_", string.ascii_lowercase + "+/")
+# A run of byte escapes (\xXX, \NNN): a UTF-8 text's bytes, as C, printf and Python's bytes
+# repr write a non-ASCII one
+_BYTE_ESCAPES = re.compile(r"(?:\\x[0-9a-fA-F]{2}|\\[0-7]{1,3}){2,}")
 # \uXXXX (JSON), \UXXXXXXXX, \xXX and \NNN (C, printf, Go's %q of bytes; \0 among them)
 _ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})|\\U([0-9a-fA-F]{8})|\\x([0-9a-fA-F]{2})|\\([0-7]{1,3})")
 # A terminal's control sequences (colours, cursor moves: ESC [ ... final byte; ESC ] ... BEL or
@@ -46,6 +49,21 @@ def _unescaped(match: re.Match[str]) -> str:
     hex_digits = match.group(1) or match.group(2) or match.group(3)
     code = int(hex_digits, 16) if hex_digits else int(match.group(4), 8) % 256
     return chr(code) if code <= sys.maxunicode else match.group(0)
+
+
+def _utf8_escapes(match: re.Match[str]) -> str:
+    """A run of byte escapes as the UTF-8 text it holds; left to _ESCAPE, one character each,
+    when it is ASCII (finer spans) or not UTF-8."""
+    raw = bytes(
+        int(e[2:], 16) if e.startswith("\\x") else int(e[1:], 8) % 256
+        for e in re.findall(r"\\x[0-9a-fA-F]{2}|\\[0-7]{1,3}", match.group(0))
+    )
+    if raw.isascii():
+        return match.group(0)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return match.group(0)
 
 
 # The bytes a text's UTF-8 or UTF-16 is made of: printable, white space, NUL
@@ -141,6 +159,7 @@ def _decode(text: str, controls: bool = True) -> tuple[_Decoded, bool]:
         plain = (
             found.sub(_PERCENT, lambda m: unquote(m.group(0)))
             .sub(_CHARREF, lambda m: html.unescape(m.group(0)))
+            .sub(_BYTE_ESCAPES, _utf8_escapes)
             .sub(_ESCAPE, _unescaped)
         )
         if controls:
@@ -193,8 +212,15 @@ def forms(secret: str) -> set[str]:
 
 
 def _folded(text: str) -> str:
-    """As runs are compared: in lower case, URL-safe base64's two characters as standard's."""
-    return text.translate(_FOLD)
+    """As runs are compared: in lower case (any script's letters), URL-safe base64's two
+    characters as standard's; one character for one, so spans stay where they are."""
+    folded = text.translate(_FOLD)
+    if folded.isascii():
+        return folded
+    lower = folded.lower()
+    if len(lower) == len(folded):
+        return lower
+    return "".join(low if len(low := c.lower()) == 1 else c for c in folded)  # 'İ' stays
 
 
 def _as_read(secret: str) -> str:

@@ -152,6 +152,35 @@ def test_a_secret_in_any_script_is_masked_as_given_and_without_its_accents(secre
         assert mask(f"env: P={_b64(secret)}").startswith("env: P=[secret]")
 
 
+@pytest.mark.parametrize(
+    "secret", ["Пароль-секрет-й", "我的部署密码很长很长", "Ελληνικό-Μυστικό", "İstanbul-şifre-9"]
+)
+def test_a_secret_not_in_ascii_is_masked_in_any_letter_case_and_as_escaped_utf_8(
+    secret: str,
+) -> None:
+    """Letter case was folded in ASCII only; a run of \\xXX or octal escapes was read one
+    Latin-1 character a byte, not as the UTF-8 text it holds."""
+    mask = Mask(secret, label="[secret]")
+    raw = secret.encode()
+
+    for said in (
+        secret.upper(),
+        secret.title(),
+        "".join(f"\\x{b:02x}" for b in raw),
+        "".join(f"\\{b:03o}" for b in raw),
+        repr(raw),
+    ):
+        assert mask(f"env: P={said} end") == "env: P=[secret] end" or (
+            said.startswith("b'") and mask(f"env: P={said} end") == "env: P=b'[secret]' end"
+        ), said
+
+
+def test_escaped_bytes_that_are_not_utf_8_are_read_as_before_and_the_text_kept() -> None:
+    said = r"bytes \xff\xfe\x00 and \303\251t\303\251 kept"
+
+    assert Mask(TOKEN)(said) == said
+
+
 def test_a_short_secret_in_utf_16_read_as_bytes_is_masked() -> None:
     said = "raw: " + "hunt3r".encode("utf-16-le").decode("latin-1") + " end"
 
