@@ -422,11 +422,18 @@ _SIGNALS = {int(s): s.name for s in signal.Signals}
 
 
 # What the engine's output must never show, should a CLI or plugin print its environment: the
-# stack's passphrase, the backend's token, and the Alibaba Cloud credentials the provider reads
-# (either spelling).
+# stack's passphrase, the backend's credentials (Pulumi Cloud's token; an S3, OSS, Azure Blob
+# or GCS state bucket's keys) and the Alibaba Cloud credentials the provider reads (either
+# spelling). GOOGLE_CREDENTIALS is a JSON document or a path: its runs would be ordinary text.
 ENGINE_SECRETS = (
     "PULUMI_CONFIG_PASSPHRASE",
     "PULUMI_ACCESS_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "GOOGLE_OAUTH_ACCESS_TOKEN",
     "ALICLOUD_ACCESS_KEY",
     "ALICLOUD_SECRET_KEY",
     "ALICLOUD_SECURITY_TOKEN",

@@ -1240,16 +1240,19 @@ def test_the_passphrase_and_token_are_masked_and_controls_escaped_in_what_the_en
     assert "clear\\x1b[2J screen" in done.stdout  # a control character escaped, secret or not
 
 
-def test_alibaba_cloud_credentials_are_masked_in_what_the_engine_says(tmp_path: Path) -> None:
-    """The provider's credentials come from the environment too, under either spelling."""
+def test_cloud_and_backend_credentials_are_masked_in_what_the_engine_says(tmp_path: Path) -> None:
+    """The provider's credentials come from the environment too, under either spelling, and so
+    do a state bucket's (s3:// on OSS, azblob://, gs://)."""
     names = ("ALICLOUD_ACCESS_KEY", "ALICLOUD_SECRET_KEY", "ALICLOUD_SECURITY_TOKEN",
              "ALIBABA_CLOUD_ACCESS_KEY_ID", "ALIBABA_CLOUD_ACCESS_KEY_SECRET",
-             "ALIBABA_CLOUD_SECURITY_TOKEN")  # fmt: skip
+             "ALIBABA_CLOUD_SECURITY_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+             "AWS_SESSION_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_SAS_TOKEN",
+             "GOOGLE_OAUTH_ACCESS_TOKEN")  # fmt: skip
     credentials = {name: f"{i}-Zq8xR2vN7mK4pL9sT3wY6b" for i, name in enumerate(names)}
     script = (
         '#!/bin/sh\nif [ "$1" = version ]; then echo v3.277.0; exit 0; fi\n'
         'case "$*" in *preview*) ;; *) exit 0;; esac\n'
-        "env | grep -i ali | sort\n"
+        "env | grep -E '^(ALI|AWS|AZURE|GOOGLE)' | sort\n"
         'echo "error: secret=$ALICLOUD_SECRET_KEY" >&2; exit 1\n'
     )
     path = _fake_pulumi(tmp_path / "bin", script)
