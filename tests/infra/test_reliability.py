@@ -26,7 +26,14 @@ from infra.config import MAX_NODE_COUNT, StackConfig, parse, parse_stack
 from infra.credentials import kubeconfig_credential
 from infra.images import reference_problem
 from infra.jobs import JOB_RANGES, JobSpecError, RdmaJobSpec
-from infra.keys import DURATION_RANGES, PROJECT, PROJECT_DIR, StackConfigError, format_seconds
+from infra.keys import (
+    DURATION_RANGES,
+    PROJECT,
+    PROJECT_DIR,
+    StackConfigError,
+    format_seconds,
+    unknown_key_problems,
+)
 from infra.keys import seconds as keys_seconds
 from infra.render import MARKER, OutputError, _remove_render, render
 from infra.stackfiles import StackFileError, stack_config
@@ -1793,10 +1800,21 @@ def test_a_key_under_a_misspelt_project_name_is_named_with_ours(
     )  # fmt: skip
 
     assert done.returncode == 1, done.stderr
-    assert (
+    assert done.stderr.splitlines()[-1].endswith(
         f"lingjun-rdma:rdmaPodQps: given as {namespace}:rdmaPodQps, a namespace this program "
-        "does not read: did you mean lingjun-rdma:rdmaPodQps?"
-    ) in done.stderr
+        f"does not read: did you mean lingjun-rdma:rdmaPodQps? (render: drop --set "
+        f"{namespace}:rdmaPodQps)"
+    )  # the fix where the key was given: nothing to `pulumi config rm`
+
+
+def test_a_misspelt_key_is_removed_where_it_was_given() -> None:
+    key = "lingjun-rdma:rdmaPodQp"
+
+    in_stack, on_command_line = unknown_key_problems([key]), unknown_key_problems([key], [key])
+
+    said = "lingjun-rdma:rdmaPodQp: unknown key: did you mean rdmaPodQps? "
+    assert in_stack == [said + "(pulumi config rm lingjun-rdma:rdmaPodQp)"]
+    assert on_command_line == [said + "(render: drop --set lingjun-rdma:rdmaPodQp)"]
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("1h30m", 5400), ("2h0m5s", 7205), ("90s", 90)])
