@@ -20,6 +20,7 @@ import errno
 import hashlib
 import json
 import os
+import pwd
 import re
 import shutil
 import stat
@@ -157,9 +158,7 @@ def check_out(out: Path) -> None:
         return
     if not os.path.ismount(out) and not os.access(out, os.W_OK | os.X_OK):
         # its copy would get its mode too, and the render fail inside that copy
-        why = _read_only(out) or (
-            "is not writable by this user: make it writable (chmod u+w), or name another directory"
-        )
+        why = _read_only(out) or _not_writable(out)
         raise OutputError(f"--out {out}: {why}")
     try:
         entries = sorted(p.name for p in out.iterdir())
@@ -233,6 +232,20 @@ def _read_only(path: Path) -> str | None:
         if on_read_only_fs(path):
             return "is on a read-only file system: name a directory on a writable one"
     return None
+
+
+def _not_writable(out: Path) -> str:
+    """Why this user cannot write in `out`, and the fix: chmod only helps its owner."""
+    owner = out.stat().st_uid
+    if owner == os.geteuid():
+        return (
+            "is not writable by this user: make it writable (chmod u+w), or name another directory"
+        )
+    try:
+        name = pwd.getpwuid(owner).pw_name
+    except KeyError:
+        name = f"user {owner}"
+    return f"is {name}'s and not writable by this user: render as {name}, or name another directory"
 
 
 def _out_dir(text: str) -> Path:
@@ -317,6 +330,8 @@ def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any
         _like(staging, out)  # in here: a name too long fails its stat, and staging is removed
         for name, text in texts.items():
             (staging / name).write_bytes(text.encode())
+            with contextlib.suppress(FileNotFoundError):  # a file made 0600 stays so
+                (staging / name).chmod(stat.S_IMODE((out / name).lstat().st_mode))
         if out.exists():
             try:
                 out.rename(old)

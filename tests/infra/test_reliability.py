@@ -1726,6 +1726,19 @@ def test_an_existing_empty_out_keeps_its_owner_group_and_mode(tmp_path: Path) ->
     assert {p.stat().st_gid for p in out.iterdir()} == {1234}  # its files join its group
 
 
+def test_a_render_again_keeps_each_files_mode(tmp_path: Path) -> None:
+    """A file of the last render made 0600 went back to 0644 (podenv's --out keeps its)."""
+    out = tmp_path / "out"
+    render("dev", out)
+    (out / "plan.md").chmod(0o600)
+
+    render("dev", out, ["lingjunNodeCount=5"])
+
+    assert "desiredSize: '5'" in (out / "plan.md").read_text()
+    assert stat.S_IMODE((out / "plan.md").stat().st_mode) == 0o600
+    assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir() if p.name != "plan.md"} == {0o644}
+
+
 @pytest.mark.parametrize("config", ["", "config: []\n"], ids=["none", "a-list"])
 def test_a_pulumi_yaml_without_its_config_section_says_so_once(tmp_path: Path, config: str) -> None:
     project = _project_copy(tmp_path, "config: {}\n")
@@ -1891,12 +1904,23 @@ def test_deploy_says_a_refused_config_and_goes_on_where_the_program_does_not_run
     assert f" {action} " in calls.read_text()  # the engine's operation ran
 
 
-def test_an_out_its_user_cannot_write_is_named_not_its_parent(shared_dir: Path) -> None:
+@pytest.mark.parametrize(
+    ("owner", "said"),
+    [("nobody", "is not writable by this user: make it writable (chmod u+w), or name another "
+                "directory"),
+     ("root", "is root's and not writable by this user: render as root, or name another "
+              "directory")],
+)  # fmt: skip
+def test_an_out_its_user_cannot_write_is_named_not_its_parent(
+    shared_dir: Path, owner: str, said: str
+) -> None:
     """Run as nobody (CI runs as root, which writes anywhere): a read-only --out was said as
-    its parent being unwritable, where the render's copy of it had failed."""
+    its parent being unwritable, where the render's copy of it had failed; chmod is the fix of
+    its owner only."""
     shared = shared_dir
     out = shared / "ro"
     out.mkdir()
+    shutil.chown(out, owner)
     out.chmod(0o555)
 
     done = subprocess.run(
@@ -1907,10 +1931,7 @@ def test_an_out_its_user_cannot_write_is_named_not_its_parent(shared_dir: Path) 
     )  # fmt: skip
 
     assert done.returncode == 2, done.stderr
-    assert done.stderr.splitlines() == [
-        f"render: dev: error: --out {out}: is not writable by this user: make it writable "
-        "(chmod u+w), or name another directory"
-    ]
+    assert done.stderr.splitlines() == [f"render: dev: error: --out {out}: {said}"]
     assert not [p for p in shared.iterdir() if p.name.startswith(".render-")]
 
 
