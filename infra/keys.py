@@ -62,6 +62,8 @@ def _digits(value: object) -> object:
         raise ValueError("not a whole number: write it in the digits 0-9 only")
     if len(digits) > MAX_DIGITS >= len(digits.lstrip("0")):  # 000…01: 1 to int(), a slip here
         raise ValueError(f"{len(digits)} digits, mostly leading zeros: write it without them")
+    if len(digits) > MAX_DIGITS:  # past int64, and past 4300 Python's int() refuses in its words
+        raise ValueError(f"a number of {len(digits)} digits (at most {MAX_DIGITS})")
     return value
 
 

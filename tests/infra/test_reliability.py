@@ -198,7 +198,8 @@ LOW, HIGH = RESCAN_INTERVAL_RANGE
 @pytest.mark.parametrize(
     ("key", "value", "said"),
     [
-        ("rdmaRescanInterval", "9" * 61, f"must be 1-{HIGH:g} whole seconds"),
+        ("rdmaRescanInterval", "9" * 61, "a number of 61 digits (at most 20)"),
+        ("rdmaRescanInterval", "9" * 19, f"must be 1-{HIGH:g} whole seconds"),
         ("rdmaRescanInterval", "0", f"must be 1-{HIGH:g} whole seconds"),
         ("jobAwaitTimeout", "99999999999999999h", "not within 1s..168h"),
         ("jobAwaitTimeout", "9" * 5000 + "s", "not within 1s..168h"),
@@ -206,9 +207,11 @@ LOW, HIGH = RESCAN_INTERVAL_RANGE
         ("jobAwaitTimeout", "169h", "not within 1s..168h"),
         ("pluginAwaitTimeout", "25h", "not within 1s..24h"),
         ("lingjunNodeCount", "1001", "1001 is not 0..1000"),
-        ("lingjunNodeCount", "9" * 400, "a number of 400 digits is not 0..1000"),
+        ("lingjunNodeCount", "9" * 20, "a number of 20 digits is not 0..1000"),
+        ("lingjunNodeCount", "9" * 400, "a number of 400 digits (at most 20)"),
+        ("lingjunNodeCount", "9" * 4301, "a number of 4301 digits (at most 20)"),
         ("rdmaMaxAllocations", "100001", "is not within 1-100000"),
-        ("rdmaMaxAllocations", "9" * 5000, "rdmaMaxAllocations"),
+        ("rdmaMaxAllocations", "9" * 5000, "a number of 5000 digits (at most 20)"),
     ],
 )
 def test_a_number_outside_its_range_is_refused_in_one_line_before_planning(
