@@ -9,6 +9,7 @@ off the host network gets its own from `plugin.podenv` in its namespace."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -101,6 +102,11 @@ class Prepared:
     spec: dict[str, Any] = field(default_factory=dict[str, Any])
 
 
+class CheckpointError(OSError):
+    """The checkpoint could not be written: the message names it, why, the fix and the claims
+    the request did not change."""
+
+
 def spec_file(driver: str, uid: str) -> str:
     return f"{driver}-{uid}.json"
 
@@ -129,6 +135,8 @@ class Preparer:
         # read back, not yet compared with what prepare would write for them on this node now
         self._unchecked = set(self.claims)
         self._unsaved = False
+        # what this request prepared and unprepared (verb, claim, uid, devices), logged once saved
+        self._said: list[tuple[str, str, str, str]] = []
         # the entries this request's prepares replaced (None: the claim was new), until saved
         self._before: dict[str, Prepared | None] = {}
 
@@ -170,8 +178,8 @@ class Preparer:
         self._write_spec(claim.uid, fresh)  # first: a claim whose spec is not there is not kept
         self._unchecked.discard(claim.uid)
         if fresh != done:
-            logger.info("prepared claim %s/%s (%s): %s", claim.namespace, claim.name, claim.uid,
-                        ", ".join(d.device_name for d in fresh.devices))  # fmt: skip
+            devices = ", ".join(d.device_name for d in fresh.devices)
+            self._said.append(("prepared", f"{claim.namespace}/{claim.name}", claim.uid, devices))
             self._before.setdefault(claim.uid, done)
             self.claims[claim.uid] = fresh
             self._unsaved = True
@@ -214,7 +222,7 @@ class Preparer:
         self._unchecked.discard(claim.uid)
         if self.claims.pop(claim.uid, None) is not None:
             self._unsaved = True
-            logger.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
+            self._said.append(("unprepared", f"{claim.namespace}/{claim.name}", claim.uid, ""))
 
     def save(self) -> None:
         """The checkpoint, when a prepare or unprepare changed the claims: written whole once
@@ -222,11 +230,18 @@ class Preparer:
         be written undoes the request's prepares (the kubelet hears they failed): a claim new
         to this node is dropped and its spec removed, which nothing would remove otherwise if
         its pod went away before a retry."""
+        said, self._said = self._said, []
         if not self._unsaved:
             return
         try:
             save_checkpoint(self.checkpoint, self.claims)
-        except OSError:
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                why += ": free space in --plugins-dir"
+            elif (there := why_not_writable(self.checkpoint.parent)) is not None:
+                why += f": {self.checkpoint.parent} {there}"
+            claims = ", ".join(f"{who} not {verb}" for verb, who, _, _ in said)
             for uid, before in self._before.items():
                 if before is not None:
                     self.claims[uid] = before
@@ -235,10 +250,15 @@ class Preparer:
                 name = spec_file(self.driver, uid)
                 if (spec := _spec_there(self.cdi_dir / name)) and spec.get("kind") == self.cdi_kind:
                     (self.cdi_dir / name).unlink(missing_ok=True)
-            raise
+            raise CheckpointError(
+                f"cannot write the checkpoint {self.checkpoint}: {why} ({claims}: the kubelet "
+                "asks again)"
+            ) from None
         finally:
             self._before.clear()
         self._unsaved = False
+        for verb, who, uid, devices in said:  # said once the checkpoint holds it
+            logger.info("%s claim %s (%s)%s", verb, who, uid, f": {devices}" if devices else "")
 
     def _requests(self, claim: ClaimRef, obj: dict[str, Any]) -> dict[str, list[str]]:
         """The claim's devices of this driver on this node, each with its requests."""
@@ -255,7 +275,10 @@ class Preparer:
                         "driver's API token: not used"
                     )
                 if request in requests.get(device, []):  # the API never lists one twice
-                    raise TypeError
+                    raise PrepareError(
+                        f"claim {claim.namespace}/{claim.name}: its allocation lists device "
+                        f"{shown(device)} twice for request {request}: not used"
+                    )
                 requests.setdefault(device, []).append(request)
         except (KeyError, TypeError, AttributeError):
             raise PrepareError(
@@ -401,12 +424,26 @@ class Preparer:
         devices = cast(dict[str, Any], allocation.get("devices") or {})
         results = cast(list[dict[str, Any]], devices.get("results") or [])
         ours = [r for r in results if r.get("driver") == self.driver and r.get("pool") == self.node]
+        configs = cast(list[dict[str, Any]], devices.get("config") or [])
+        for config in configs:  # a setting the user believes applied, which this driver ignores
+            opaque = cast(dict[str, Any], config.get("opaque") or {})
+            if opaque.get("driver") == self.driver:
+                raise PrepareError(
+                    f"claim {claim.namespace}/{claim.name}: its devices' config passes "
+                    f"{self.driver} parameters (from its {_source(config)}), and this driver "
+                    "takes none: remove that config"
+                )
         if not ours:
             raise PrepareError(
                 f"claim {claim.namespace}/{claim.name} allocates no device of {self.driver} on "
                 f"node {self.node}"
             )
         return ours
+
+
+def _source(config: dict[str, Any]) -> str:
+    """Where an allocation's config came from, as the API says it (FromClaim, FromClass)."""
+    return {"FromClass": "DeviceClass"}.get(str(config.get("source")), "claim")
 
 
 def _nccl(claim: ClaimRef, hcas: list[Hca]) -> dict[str, str]:

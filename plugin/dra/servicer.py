@@ -114,10 +114,8 @@ class _Claims:
         try:
             async with self.lock:
                 await self._unless_stopping(self.preparer.save, "the checkpoint's save")
-        except OSError as exc:
-            problem = (
-                f"cannot write the checkpoint {self.preparer.checkpoint}: {exc.strerror or exc}"
-            )
+        except OSError as exc:  # a CheckpointError's message is the whole story
+            problem = str(exc)
             logger.error("%s", problem)
             return problem
         except asyncio.CancelledError:

@@ -915,10 +915,9 @@ def _claim(results: object, status: object = None, uid: str = "u-1", name: str =
         _claim(["a"]),
         _claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r"}]),
         _claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": 5}]),
-        _claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}] * 2),
     ],
     ids=["no-metadata", "metadata-text", "status-text", "results-mapping", "results-text",
-         "result-without-device", "device-a-number", "a-result-twice"],
+         "result-without-device", "device-a-number"],
 )  # fmt: skip
 async def test_a_claim_of_another_shape_is_that_claims_error(
     short_tmp: Path, tree: SysfsTree, body: bytes
@@ -941,6 +940,47 @@ async def test_a_claim_of_another_shape_is_that_claims_error(
     assert error.startswith("claim default/c: ")
     assert "the API server's answer is not a ResourceClaim" in error
     assert "Traceback" not in driver.log.read_text()
+
+
+_HCA_0 = {"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}
+
+
+@pytest.mark.parametrize(
+    ("allocation", "said"),
+    [({"results": [_HCA_0] * 2},
+      "claim default/c: its allocation lists device 'hca-0' twice for request r: not used"),
+     ({"results": [_HCA_0], "config": [
+         {"source": "FromClaim", "opaque": {"driver": DRA_DRIVER, "parameters": {"a": 1}}}]},
+      f"claim default/c: its devices' config passes {DRA_DRIVER} parameters (from its claim), "
+      "and this driver takes none: remove that config"),
+     ({"results": [_HCA_0], "config": [
+         {"source": "FromClass", "opaque": {"driver": DRA_DRIVER, "parameters": {}}}]},
+      f"claim default/c: its devices' config passes {DRA_DRIVER} parameters (from its "
+      "DeviceClass), and this driver takes none: remove that config")],
+    ids=["a-result-twice", "config-from-the-claim", "config-from-the-class"],
+)  # fmt: skip
+async def test_an_allocation_this_driver_cannot_honour_is_that_claims_error_named(
+    short_tmp: Path, tree: SysfsTree, allocation: dict[str, object], said: str
+) -> None:
+    """A device listed twice was "not a ResourceClaim"; parameters for this driver were
+    dropped silently, a setting the user believed applied."""
+    api = OddApi(short_tmp, 200, _claim([], status={"allocation": {"devices": allocation}}))
+    _, answer = await _prepared_against(api, short_tmp, tree)
+
+    assert answer.error == said
+    assert not answer.devices
+
+
+async def test_parameters_for_another_driver_are_that_drivers(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    config = [{"source": "FromClaim", "opaque": {"driver": "gpu.example.com", "parameters": {}}}]
+    allocation = {"results": [_HCA_0], "config": config}
+    api = OddApi(short_tmp, 200, _claim([], status={"allocation": {"devices": allocation}}))
+    _, answer = await _prepared_against(api, short_tmp, tree)
+
+    assert answer.error == ""
+    assert [d.device_name for d in answer.devices] == ["hca-0"]
 
 
 @pytest.mark.parametrize(
@@ -1019,13 +1059,21 @@ async def test_a_prepare_whose_checkpoint_cannot_be_written_leaves_nothing_behin
         checkpoint.mkdir()  # a checkpoint that cannot be written (a full or read-only disk)
         failed = await _prepare(driver, "u-1")
         spec_after_failure = spec.exists()
+        said_after_failure = driver.log.read_text()
         checkpoint.rmdir()
         retried = await _prepare(driver, "u-1")
     finally:
         assert await driver.stop() == 0
         api.close()
 
-    assert failed.error.startswith(f"cannot write the checkpoint {checkpoint}: ")
+    assert failed.error == (
+        f"cannot write the checkpoint {checkpoint}: is a directory, not a regular file: name a "
+        "file to write (default/c not prepared: the kubelet asks again)"
+    )
+    assert "prepared claim" not in said_after_failure  # it said "prepared", then the error
+    assert f"ERROR plugin.dra.servicer: {failed.error}" in said_after_failure
+    said = driver.log.read_text()
+    assert "INFO plugin.dra.prepare: prepared claim default/c (u-1): hca-0" in said
     assert not spec_after_failure
     assert retried.error == ""
     assert spec.exists()
