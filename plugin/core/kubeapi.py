@@ -229,13 +229,16 @@ class KubeApi:
                 "`kubectl config view --minify` shows what it holds"
             ) from None
         where = f"--kubeconfig {path}"
-        unsupported = [k for k in _UNSUPPORTED if k in user] + (
-            ["proxy-url"] if "proxy-url" in cluster else []
-        )
-        if unsupported:  # sent without them, every call would be refused, or go elsewhere
+        unsupported = [k for k in _UNSUPPORTED if k in user]
+        if unsupported:  # sent without them, every call would be refused
             raise CredentialsError(
                 f"{where}: {unsupported[0]} is not supported here: give the context a token, a "
                 "tokenFile or a client certificate (a service account's, for a driver)"
+            )
+        if "proxy-url" in cluster:  # ignored, the calls would go another way than asked
+            raise CredentialsError(
+                f"{where}: the cluster's proxy-url is not supported here: remove it, so that "
+                "the API server is reached directly (as the node's kubelet reaches it)"
             )
         skip = cluster.get("insecure-skip-tls-verify", False)
         if not isinstance(
@@ -266,7 +269,18 @@ class KubeApi:
                 raise CredentialsError(
                     f"{where}: tokenFile {token_file}: empty: it must hold the token"
                 )
-        return KubeApi.at(server, tls, token, where, token_file)
+        api = KubeApi.at(server, tls, token, where, token_file)  # its refusals first
+        if (
+            token is None
+            and "client-certificate" not in user
+            and "client-certificate-data" not in user
+        ):
+            logger.warning(
+                "%s: the context's user has no token, tokenFile or client certificate: every "
+                "call is anonymous, which API servers refuse unless RBAC grants "
+                "system:anonymous", where,
+            )  # fmt: skip
+        return api
 
     @staticmethod
     def in_cluster() -> KubeApi:

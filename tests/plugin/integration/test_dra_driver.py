@@ -318,7 +318,7 @@ B64_SECRET = base64.b64encode(b"S3cret but no PEM").decode()
         ({"server": SERVER, "insecure-skip-tls-verify": True},
          {"username": "u", "password": "S3cret"}, "username is not supported here"),
         ({"server": SERVER, "insecure-skip-tls-verify": True, "proxy-url": "http://p:3128"},
-         {"token": "S3cret"}, "proxy-url is not supported here"),
+         {"token": "S3cret"}, "the cluster's proxy-url is not supported here: remove it"),
         ({"server": SERVER, "insecure-skip-tls-verify": True}, {"token": "S3cret\nX-Evil: 1"},
          "token: text of 16 characters with a line break, a space or a character an HTTP "
          "header cannot carry"),

@@ -114,3 +114,36 @@ def test_a_token_file_rewritten_under_a_running_client_is_read_again(
     assert masked("echo second-token-9876543210") == "echo <token>"
     assert masked("echo first-token-0123456789") == "echo <token>"
     hold(Mask())
+
+
+@pytest.mark.parametrize(
+    ("user", "anonymous"),
+    [({}, True), (None, True), ({"token": "t0ken-value"}, False),
+     ({"tokenFile": "TOKEN_FILE"}, False)],
+    ids=["user-without-credentials", "no-user", "token", "token-file"],
+)  # fmt: skip
+def test_a_context_without_credentials_is_said_to_call_anonymously(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, user: dict[str, str] | None, anonymous: bool
+) -> None:
+    """It started and called anonymously, saying nothing: the 401s came later, one per call."""
+    (tmp_path / "token").write_text("t0ken-value\n")
+    if user is not None and "tokenFile" in user:
+        user = {"tokenFile": str(tmp_path / "token")}
+    context: dict[str, str] = {"cluster": "c"} if user is None else {"cluster": "c", "user": "u"}
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443",
+                                               "insecure-skip-tls-verify": True}}],
+        "users": [] if user is None else [{"name": "u", "user": user}],
+        "contexts": [{"name": "x", "context": context}],
+        "current-context": "x",
+    }))  # fmt: skip
+
+    KubeApi.from_kubeconfig(kubeconfig)
+
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == (
+        [f"--kubeconfig {kubeconfig}: the context's user has no token, tokenFile or client "
+         "certificate: every call is anonymous, which API servers refuse unless RBAC grants "
+         "system:anonymous"] if anonymous else []
+    )  # fmt: skip
