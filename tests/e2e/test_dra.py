@@ -210,11 +210,19 @@ def test_shared_claims_share_the_hcas_and_exclusive_ones_use_them_up(
 
     shared = [read_listing(api, f"dra-share-{i}")[1] for i in range(3)]
     assert shared == ["mlx5_0,mlx5_1"] * 3
-    got = {read_listing(api, f"dra-nic-{i}")[1] for i in range(2)}
+    nics = [f"dra-nic-{i}" for i in range(3)]
+
+    def running() -> list[str] | None:  # the scheduler takes the three in no set order
+        found = [n for n in nics if api.pod(n)["status"].get("phase") == "Running"]
+        return found if len(found) == 2 else None
+
+    placed = eventually(running, 90, "two of the three exclusive pods running")
+    got = {read_listing(api, name)[1] for name in placed}
     assert got == {"mlx5_2", "mlx5_3"}
+    (third,) = set(nics) - set(placed)
 
     def unschedulable() -> bool:
-        conditions = api.pod("dra-nic-2")["status"].get("conditions", [])
+        conditions = api.pod(third)["status"].get("conditions", [])
         return any(
             c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions
         )
