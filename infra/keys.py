@@ -178,15 +178,10 @@ def _near(namespace: str, project: str) -> bool:
     return difflib.SequenceMatcher(None, namespace.lower(), project.lower()).ratio() >= 0.75
 
 
-def unknown_key_problems(keys: Iterable[str], given: Iterable[str] = ()) -> list[str]:
-    """A line per key of the namespace that this project does not know (a misspelling); the
-    fix of one `given` on the command line (render's --set) is there, not in the stack."""
+def unknown_key_problems(keys: Iterable[str]) -> list[str]:
+    """A line per key of the namespace that this project does not know (a misspelling)."""
     prefix = f"{PROJECT}:"
     keys = list(keys)
-    flags = set(given)
-
-    def removal(key: str) -> str:
-        return f"(render: drop --set {key})" if key in flags else f"(pulumi config rm {key})"
 
     problems: list[str] = []
     for key in sorted(keys):  # our key under a misspelt project name is silently nobody's
@@ -194,13 +189,15 @@ def unknown_key_problems(keys: Iterable[str], given: Iterable[str] = ()) -> list
         if sep and namespace != PROJECT and name in KNOWN_KEYS and _near(namespace, PROJECT):
             problems.append(
                 f"{qualified(name)}: given as {namespace}:{name}, a namespace this program does "
-                f"not read: did you mean {qualified(name)}? {removal(key)}"
+                f"not read: did you mean {qualified(name)}? (pulumi config rm {key})"
             )
     unknown = sorted({k.removeprefix(prefix) for k in keys if k.startswith(prefix)} - KNOWN_KEYS)
     for key in unknown:
         name, fix = unknown_key(key, KNOWN_KEYS)
         if name == key:  # a misspelling: named, with the command that removes it
-            problems.append(f"{qualified(key)}: unknown key: {fix} {removal(qualified(key))}")
+            problems.append(
+                f"{qualified(key)}: unknown key: {fix} (pulumi config rm {qualified(key)})"
+            )
         else:
             problems.append(
                 f"{PROJECT}: {name}: unknown key: {fix} (`pulumi config` lists the stack's keys; "

@@ -37,7 +37,7 @@ from kubernetes_validate.utils import (  # pyright: ignore[reportMissingTypeStub
 from infra.credentials import SECRET
 from infra.interrupt import deferred
 from infra.jobs import JobSpecError
-from infra.keys import StackConfigError
+from infra.keys import StackConfigError, qualified
 from infra.offline import (
     RenderError,
     RunResult,
@@ -432,6 +432,16 @@ def _remove_render(directory: Path) -> Path | None:
     return None
 
 
+def _as_flags(problem: str, overrides: list[str]) -> str:
+    """A key given with --set is in no stack file: removing it is dropping that flag, not
+    `pulumi config rm` (the program says what `pulumi preview` users run)."""
+    for item in overrides:
+        key = item.partition("=")[0]
+        full = key if ":" in key else qualified(key)
+        problem = problem.replace(f"(pulumi config rm {full})", f"(render: drop --set {key})")
+    return problem
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser("python -m infra.render", __doc__)
     parser.add_argument(
@@ -454,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (RenderError, StackConfigError, JobSpecError, ConfigError) as exc:
         for problem in str(exc).splitlines():  # a line per key refused, each a whole message
-            say(f"render: {stack}: error: {problem}")
+            say(f"render: {stack}: error: {_as_flags(problem, args.set)}")
         return 1
     except OSError as exc:  # the last boundary: a file-system error anywhere, stdout full
         where = f"{exc.filename}: " if exc.filename else ""

@@ -143,7 +143,7 @@ def stack_config(
             # as `pulumi config set --secret` would store it
             secret_keys.append(_qualify(key))
     # Under mocks the program cannot list the keys it was given: a misspelt one is caught here.
-    problems = unknown_key_problems(config, overridden)
+    problems = unknown_key_problems(config)
     if problems:
         raise StackConfigError("\n".join(problems))
     return config, secret_keys
