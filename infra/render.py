@@ -20,7 +20,6 @@ import errno
 import hashlib
 import json
 import os
-import pwd
 import re
 import shutil
 import stat
@@ -57,6 +56,7 @@ from plugin.core.userfiles import (
     read_text,
     shown,
     staged,
+    user_name,
 )
 
 KUBERNETES_VERSION = "1.34.0"
@@ -241,10 +241,7 @@ def _not_writable(out: Path) -> str:
         return (
             "is not writable by this user: make it writable (chmod u+w), or name another directory"
         )
-    try:
-        name = pwd.getpwuid(owner).pw_name
-    except KeyError:
-        name = f"user {owner}"
+    name = user_name(owner)
     return f"is {name}'s and not writable by this user: render as {name}, or name another directory"
 
 

@@ -10,6 +10,7 @@ import errno
 import functools
 import json
 import os
+import pwd
 import re
 import reprlib
 import stat
@@ -304,6 +305,14 @@ def _strict_loader() -> type:
     StrictLoader.add_constructor(_INT, StrictLoader.construct_yaml_int)
     _loader = StrictLoader
     return StrictLoader
+
+
+def user_name(uid: int) -> str:
+    """A user as `ls -l` names one: by name, else by number."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"user {uid}"
 
 
 def on_read_only_fs(path: Path) -> bool:

@@ -139,6 +139,13 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[object, object]
     ) -> api_pb2.AllocateResponse:
         responses: list[api_pb2.ContainerAllocateResponse] = []
+        if not request.container_requests:  # no device ID either: refused as that is
+            logger.error("Allocate refused: %s: a request with no container", self.resource)
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{self.resource}: a request with no container: nothing to allocate (the "
+                "kubelet sends one per container that asks for this resource)",
+            )
         for r in request.container_requests:
             ids = list(r.devices_ids)
             try:

@@ -239,6 +239,8 @@ class Preparer:
             why = exc.strerror or str(exc)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 why += ": free space in --plugins-dir"
+            elif (kind := cdi.other_kind(self.checkpoint)) is not None:  # its path is fixed
+                why = f"is {kind}, not a regular file: remove it (only this driver writes it)"
             elif (there := why_not_writable(self.checkpoint.parent)) is not None:
                 why += f": {self.checkpoint.parent} {there}"
             claims = ", ".join(f"{who} not {verb}" for verb, who, _, _ in said)
@@ -263,8 +265,10 @@ class Preparer:
     def _requests(self, claim: ClaimRef, obj: dict[str, Any]) -> dict[str, list[str]]:
         """The claim's devices of this driver on this node, each with its requests."""
         requests: dict[str, list[str]] = {}
+        at = ["metadata"]  # the field being read: named when it is not as the API has it
         try:  # what is read of the claim, read here: an answer of another shape is its error
-            for result in self._allocated(claim, obj):
+            for i, result in enumerate(self._allocated(claim, obj, at)):
+                at[0] = f"status.allocation.devices.results[{i}]"
                 device, request = result["device"], result["request"]
                 if not isinstance(device, str) or not isinstance(request, str):
                     raise TypeError
@@ -283,7 +287,7 @@ class Preparer:
         except (KeyError, TypeError, AttributeError):
             raise PrepareError(
                 f"claim {claim.namespace}/{claim.name}: the API server's answer is not a "
-                "ResourceClaim as resource.k8s.io/v1 has it"
+                f"ResourceClaim as resource.k8s.io/v1 has it (its {at[0]})"
             ) from None
         return requests
 
@@ -406,7 +410,10 @@ class Preparer:
                 return False
         return True
 
-    def _allocated(self, claim: ClaimRef, obj: dict[str, Any]) -> list[dict[str, Any]]:
+    def _allocated(
+        self, claim: ClaimRef, obj: dict[str, Any], at: list[str]
+    ) -> list[dict[str, Any]]:
+        """The allocation's results of this driver on this node; `at` follows what is read."""
         said = (obj["metadata"].get("namespace"), obj["metadata"].get("name"))
         if said != (claim.namespace, claim.name):
             raise PrepareError(
@@ -419,11 +426,23 @@ class Preparer:
                 f"claim {claim.namespace}/{claim.name} has UID {shown(found)}, not {claim.uid}: "
                 "it was deleted and made again"
             )
+        at[0] = "status"
         status = cast(dict[str, Any], obj.get("status") or {})
-        allocation = cast(dict[str, Any], status.get("allocation") or {})
+        if not status.get("allocation"):
+            raise PrepareError(
+                f"claim {claim.namespace}/{claim.name} is not allocated (it has no "
+                "status.allocation): the scheduler allocates a claim before its pod is bound"
+            )
+        at[0] = "status.allocation.devices"
+        allocation = cast(dict[str, Any], status["allocation"])
         devices = cast(dict[str, Any], allocation.get("devices") or {})
-        results = cast(list[dict[str, Any]], devices.get("results") or [])
+        at[0] = "status.allocation.devices.results"
+        results: Any = devices.get("results") or []
+        if not isinstance(results, list):  # a mapping's keys would be read as results
+            raise TypeError
+        results = cast(list[dict[str, Any]], results)
         ours = [r for r in results if r.get("driver") == self.driver and r.get("pool") == self.node]
+        at[0] = "status.allocation.devices.config"
         configs = cast(list[dict[str, Any]], devices.get("config") or [])
         for config in configs:  # a setting the user believes applied, which this driver ignores
             opaque = cast(dict[str, Any], config.get("opaque") or {})

@@ -21,6 +21,7 @@ import errno
 import os
 import re
 import socket
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +32,7 @@ from plugin.core.discovery.sysfs import SysfsDiscovery
 from plugin.core.gidchoice import COMPUTED, Choice, NoGidError, choose
 from plugin.core.netaddrs import namespace_addresses
 from plugin.core.terminal import Parser, say, write_stdout
-from plugin.core.userfiles import described, why_not_writable, write_atomically
+from plugin.core.userfiles import described, user_name, why_not_writable, write_atomically
 from plugin.launch import (
     HCAS_ENV,
     PODENV_MODULE,
@@ -185,12 +186,29 @@ def _why(exc: OSError, out: Path | None) -> str:
             f"{out.parent} has no room for it ({exc.strerror}): free space there (an "
             "emptyDir's sizeLimit), or name a file on another file system"
         )
+    if exc.errno == errno.EPERM and (sticky := _held_by_sticky_dir(out)) is not None:
+        return (
+            f"{out} is {sticky}'s, in a sticky directory (as /tmp is) where only its owner may "
+            f"replace it: remove it as {sticky}, or name another file"
+        )
     if exc.errno == errno.EPERM and out.exists():  # the dir takes new files: the file is held
         return (
             f"{out} cannot be replaced (Operation not permitted: immutable or append-only? "
             "lsattr shows it): name another file, or chattr -i it"
         )
     return f"cannot write in {out.parent} ({exc.strerror or exc}): {fix}"
+
+
+def _held_by_sticky_dir(out: Path) -> str | None:
+    """The owner of `out` when a sticky directory keeps this user from replacing it."""
+    try:
+        st, parent = out.lstat(), out.parent.stat()
+    except OSError:
+        return None
+    me = os.geteuid()
+    if not parent.st_mode & stat.S_ISVTX or me in (0, st.st_uid, parent.st_uid):
+        return None
+    return user_name(st.st_uid)
 
 
 if __name__ == "__main__":

@@ -906,21 +906,23 @@ def _claim(results: object, status: object = None, uid: str = "u-1", name: str =
 
 
 @pytest.mark.parametrize(
-    "body",
+    ("body", "field"),
     [
-        b"{}",
-        b'{"metadata": "x"}',
-        _claim([], status="x"),
-        _claim({"a": 1}),
-        _claim(["a"]),
-        _claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r"}]),
-        _claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": 5}]),
+        (b"{}", "metadata"),
+        (b'{"metadata": "x"}', "metadata"),
+        (_claim([], status="x"), "status"),
+        (_claim({"a": 1}), "status.allocation.devices.results"),
+        (_claim(["a"]), "status.allocation.devices.results"),
+        (_claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r"}]),
+         "status.allocation.devices.results[0]"),
+        (_claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": 5}]),
+         "status.allocation.devices.results[0]"),
     ],
     ids=["no-metadata", "metadata-text", "status-text", "results-mapping", "results-text",
          "result-without-device", "device-a-number"],
 )  # fmt: skip
 async def test_a_claim_of_another_shape_is_that_claims_error(
-    short_tmp: Path, tree: SysfsTree, body: bytes
+    short_tmp: Path, tree: SysfsTree, body: bytes, field: str
 ) -> None:
     api = OddApi(short_tmp, 200, body)
     driver = Driver(short_tmp, tree, api.url)
@@ -937,9 +939,25 @@ async def test_a_claim_of_another_shape_is_that_claims_error(
         api.close()
 
     error = answer.claims["u-1"].error
-    assert error.startswith("claim default/c: ")
-    assert "the API server's answer is not a ResourceClaim" in error
+    assert error == (
+        "claim default/c: the API server's answer is not a ResourceClaim as resource.k8s.io/v1 "
+        f"has it (its {field})"
+    )
     assert "Traceback" not in driver.log.read_text()
+
+
+@pytest.mark.parametrize("status", [{}, {"allocation": None}], ids=["no-status", "null"])
+async def test_a_claim_not_allocated_is_said_to_be_so(
+    short_tmp: Path, tree: SysfsTree, status: dict[str, object]
+) -> None:
+    """It was said to allocate no device of this driver on this node: allocated elsewhere?"""
+    api = OddApi(short_tmp, 200, _claim([], status=status))
+    _, answer = await _prepared_against(api, short_tmp, tree)
+
+    assert answer.error == (
+        "claim default/c is not allocated (it has no status.allocation): the scheduler "
+        "allocates a claim before its pod is bound"
+    )
 
 
 _HCA_0 = {"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}
@@ -1067,8 +1085,8 @@ async def test_a_prepare_whose_checkpoint_cannot_be_written_leaves_nothing_behin
         api.close()
 
     assert failed.error == (
-        f"cannot write the checkpoint {checkpoint}: is a directory, not a regular file: name a "
-        "file to write (default/c not prepared: the kubelet asks again)"
+        f"cannot write the checkpoint {checkpoint}: is a directory, not a regular file: remove "
+        "it (only this driver writes it) (default/c not prepared: the kubelet asks again)"
     )
     assert "prepared claim" not in said_after_failure  # it said "prepared", then the error
     assert f"ERROR plugin.dra.servicer: {failed.error}" in said_after_failure

@@ -231,6 +231,35 @@ def test_an_out_that_is_immutable_is_named_not_its_directory(
     assert [p.name for p in out.parent.iterdir()] == ["nccl.env"]
 
 
+def test_an_out_another_user_holds_in_a_sticky_dir_is_said_so(
+    pod_netns: str, shared_dir: Path
+) -> None:
+    """As nobody, root's nccl.env in a 1777 dir (as /tmp is): it was said to be immutable."""
+    _address(pod_netns, f"{POD_A}/64")
+    tree = SysfsTree(shared_dir / "node").rdma_cm()  # readable by nobody, unlike tmp_path
+    tree.add_pci_hca("mlx5_0", pci="0000:03:00.0", ports=[PortSpec(netdev=HOST_NETDEV, gids=GIDS)])
+    pod = shared_dir / "pod"
+    pod.mkdir()
+    pod.chmod(0o1777)
+    out = pod / "nccl.env"
+    out.write_text("A=1\n")
+
+    done = subprocess.run(
+        ["ip", "netns", "exec", pod_netns, "setpriv", "--reuid=nobody", "--regid=nogroup",
+         "--clear-groups", sys.executable, "-m", "plugin.podenv", "--sysfs-root", str(tree.sys),
+         "--hcas", "mlx5_0", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"lingjun-rdma podenv: --out {out}: {out} is root's, in a sticky directory (as /tmp "
+        "is) where only its owner may replace it: remove it as root, or name another file"
+    ]
+    assert out.read_text() == "A=1\n"
+    assert [p.name for p in pod.iterdir()] == ["nccl.env"]
+
+
 def _special(kind: str, path: Path) -> None:
     if kind == "char-device":
         os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a /dev/null of our own

@@ -314,6 +314,23 @@ async def test_allocate_refuses_an_id_given_twice(
     assert "device ID 'hca-1' is given twice" in (caught.value.details() or "")
 
 
+async def test_allocate_refuses_a_request_with_no_container(
+    kubelet: KubeletPeer, plugin: PluginProcess
+) -> None:
+    """It answered with nothing, and said nothing."""
+    await plugin.start()
+    reg = await kubelet.wait_registrations(1)
+
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await reg.stub.Allocate(api_pb2.AllocateRequest(container_requests=[]))
+
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.details() == (
+        "rdma/hca: a request with no container: nothing to allocate (the kubelet sends one per "
+        "container that asks for this resource)"
+    )
+
+
 async def test_a_pool_left_empty_by_an_exclusive_pool_before_it_says_so(
     kubelet: KubeletPeer, plugin: PluginProcess
 ) -> None:
