@@ -37,8 +37,9 @@ from infra.keys import (
 from infra.keys import seconds as keys_seconds
 from infra.render import MARKER, OutputError, _remove_render, render
 from infra.stackfiles import StackFileError, stack_config
-from plugin.config import MAX_ALLOCATIONS_LIMIT, MAX_POOLS
+from plugin.config import MAX_ALLOCATIONS_LIMIT, MAX_DEVICE_IDS, MAX_POOLS
 from plugin.core.userfiles import MAX_DIGITS, MAX_FILE_BYTES
+from plugin.deviceplugin.wire import KUBELET_MESSAGE_MAX
 from plugin.launch import MAX_UNIX_PATH, RESCAN_INTERVAL_RANGE
 
 SENTINEL = "s3cr3t-Zq9"  # a value that must never appear in what the project writes
@@ -420,7 +421,11 @@ def test_the_readme_states_every_range_as_the_code_defines_it() -> None:
             f"{low:g}-{high:g} s (the stack key in whole seconds: {max(1, math.ceil(low))}-"
             f"{high:g})"
         ),
-        "`maxAllocations`, `rdmaMaxAllocations`": f"1-{MAX_ALLOCATIONS_LIMIT}",
+        "`maxAllocations`, `rdmaMaxAllocations`": (
+            f"1-{MAX_ALLOCATIONS_LIMIT} (a device plugin's list also within the kubelet's "
+            f"{KUBELET_MESSAGE_MAX >> 20} MiB)"
+        ),
+        "shared IDs of all pools together": f"{MAX_DEVICE_IDS}",
         "pools in the plugin config": f"1-{MAX_POOLS}",
         "a file the project reads; a number in it": (
             f"{MAX_FILE_BYTES >> 20} MiB; {MAX_DIGITS} digits"
