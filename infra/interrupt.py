@@ -13,7 +13,7 @@ from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from plugin.core.terminal import STOPS, exit_on_signals, say
+from plugin.core.terminal import STOPS, exit_on_signals, first_stop, say, stopped
 
 _prog = ""
 _received: int | None = None
@@ -33,16 +33,22 @@ def guard(main: Callable[[], int], *, on_signal: Callable[[int], None] | None = 
 
     def interrupt(signum: int, frame: object) -> None:
         global _received
-        first = _received is None
-        if first:  # a burst: the first signal is said and decides the exit code
-            _received = signum
+        first = stopped(signum)  # one record with exit_quietly's: the first of a burst decides
+        if first is not None:
+            _received = first
         if on_signal is not None:
             on_signal(signum)
-        if first and not _deferring:
+        if first is not None and not _deferring:
             raise KeyboardInterrupt
 
     for sig in STOPS:
         signal.signal(sig, interrupt)
+    if _received is None and (earlier := first_stop()) is not None:
+        # a stop in the imports, said, whose SystemExit something there swallowed: a later
+        # signal of the burst would otherwise be taken for the first
+        for sig in STOPS:
+            signal.signal(sig, signal.SIG_IGN)
+        sys.exit(128 + earlier)
     hook = sys.unraisablehook
 
     def quiet(unraisable: Any) -> None:  # a KeyboardInterrupt raised inside a callback

@@ -117,6 +117,43 @@ STOPS = (
     signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF, signal.SIGPWR, signal.SIGXCPU,
     signal.SIGIO, signal.SIGSTKFLT,
 )  # fmt: skip
+_STOP_NUMBERS = frozenset(int(s) for s in STOPS)
+
+
+# The first stop signal this process received: whichever handler takes one (this module's
+# before a program takes them over, the program's after), the first decides. Python runs the
+# handlers of signals pending together in signal-number order (SIGHUP before SIGTERM, however
+# they came), so the order they came in is read from the wakeup fd, where the C handler writes
+# each signal's number as it arrives.
+_first: list[int] = []
+_arrivals: list[int] = []  # the read end of the wakeup pipe, once set
+
+
+def _watch_arrivals() -> None:
+    if _arrivals:
+        return
+    read, write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    _arrivals.append(read)
+
+
+def stopped(signum: int) -> int | None:
+    """Note a stop signal: the signal that decides the exit code when this is the first one
+    taken (the first to arrive, maybe not `signum`), else None (a burst: the first is said and
+    decides the exit code, the rest are not)."""
+    if _first:
+        return None
+    came = b""
+    if _arrivals:
+        with contextlib.suppress(BlockingIOError):
+            came = os.read(_arrivals[0], 256)
+    first = next((n for n in came if n in _STOP_NUMBERS), signum)
+    _first.append(first)
+    return first
+
+
+def first_stop() -> int | None:
+    return _first[0] if _first else None
 
 
 def exit_on_signals(prog: str, before: str = "") -> None:
@@ -124,23 +161,21 @@ def exit_on_signals(prog: str, before: str = "") -> None:
     (a signal's own default is a silent death, SIGINT's a traceback). `before` says what it
     had not yet done, e.g. "before serving"."""
 
-    stopping: list[int] = []
-
     def stop(signum: int, frame: object) -> None:
-        if stopping:  # a burst: the first signal is said and decides the exit code
+        if (first := stopped(signum)) is None:
             return
-        stopping.append(signum)
-        say(f"{prog}: stopped by {signal.Signals(signum).name}" + (f" {before}" if before else ""))
-        raise SystemExit(128 + signum)
+        say(f"{prog}: stopped by {signal.Signals(first).name}" + (f" {before}" if before else ""))
+        raise SystemExit(128 + first)
 
     def after_stop(kind: type[BaseException], value: BaseException, tb: object) -> None:
-        if stopping:  # the stop's SystemExit turned into another error as it unwound (raised
-            sys.stderr.flush()  # inside the import machinery): the stop was said, it decides
-            os._exit(128 + stopping[0])
+        if (first := first_stop()) is not None:  # the stop's SystemExit turned into another
+            sys.stderr.flush()  # error as it unwound (raised inside the import machinery):
+            os._exit(128 + first)  # the stop was said, it decides
         default_hook(kind, value, tb)  # pyright: ignore[reportArgumentType]
 
     default_hook = sys.excepthook
     sys.excepthook = after_stop
+    _watch_arrivals()
     for sig in STOPS:
         signal.signal(sig, stop)
     # at the exit, whatever handler is then set: Python's finalization gives every handler of

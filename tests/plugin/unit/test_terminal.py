@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
@@ -41,3 +43,30 @@ def test_an_error_without_a_stop_is_still_a_traceback() -> None:
 
     assert done.returncode == 1
     assert "ZeroDivisionError" in done.stderr
+
+
+# Busy in C (sum over a range runs no bytecode, so no signal handler) while a burst comes in:
+# Python then runs the pending handlers in signal-number order, SIGHUP (1) before SIGTERM (15).
+_BUSY_IN_C = """
+from plugin.core.terminal import exit_on_signals
+exit_on_signals("prog")
+print("ready", flush=True)
+sum(range(3 * 10**8))
+"""
+
+
+def test_a_burst_that_comes_while_busy_in_c_is_decided_by_the_first_to_arrive() -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", _BUSY_IN_C], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    ) as proc:  # fmt: skip
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
+        time.sleep(0.2)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            proc.send_signal(sig)
+            time.sleep(0.05)
+        _, stderr = proc.communicate(timeout=60)
+
+    assert proc.returncode == 143, stderr
+    assert stderr.splitlines() == ["prog: stopped by SIGTERM"]
