@@ -193,6 +193,7 @@ def stop_on_signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
 
     def handler(signum: int, frame: object) -> None:
+        stopped(signum)  # which one, for a program that says it (first_stop)
         with contextlib.suppress(RuntimeError):  # the loop is closed: stopping already
             loop.call_soon_threadsafe(stop.set)
 

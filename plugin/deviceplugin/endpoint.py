@@ -64,6 +64,7 @@ class Endpoint:
         self._generation = 0
         self._server: grpc.aio.Server | None = None
         self._inode: int | None = None
+        self.served = False  # its socket has been served at least once
         # Level-triggered: a wake only says "look again"; what to do follows from this state, so
         # a burst of events (a kubelet restart gives three) leads to one registration.
         self._registered_with: int | None = None  # inode of the kubelet.sock we registered with
@@ -281,6 +282,7 @@ class Endpoint:
         server.add_insecure_port(grpc_target(self.path))
         await server.start()
         self._server, self._inode = server, inode(self.path)
+        self.served = True
         # the kubelet must dial the new socket; a stream lost on the old one is no kubelet
         # ending streams on this one, to be held off as a flap
         self._registered_with = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from plugin.core.metrics import listen_problem, serve_http
 from plugin.core.node_events import NodeEvents
 from plugin.core.problems import POOL_TOO_LARGE, REGISTRATION, Problem
 from plugin.core.scrape import metrics_for
-from plugin.core.terminal import say, stop_on_signals
+from plugin.core.terminal import first_stop, say, stop_on_signals
 from plugin.deviceplugin.endpoint import Endpoint
 from plugin.launch import DRA_DRIVER, LaunchSpec, cdi_kind, cdi_spec_name
 
@@ -121,6 +122,11 @@ async def run(
     logger.info("stopping")
     for e in endpoints.values():
         await e.stop()
+    first = first_stop()
+    if code == 0 and first is not None and not any(e.served for e in endpoints.values()):
+        # still waiting (a missing dir), as in the wait for another instance: one line, 128+n
+        say(f"{PROG}: stopped by {signal.Signals(first).name} before serving")
+        code = 128 + first
     if http is not None:
         http.close()
         await http.wait_closed()

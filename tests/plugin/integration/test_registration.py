@@ -311,6 +311,20 @@ async def test_waits_for_the_device_plugins_dir_to_appear(
         await peer.stop()
 
 
+async def test_a_stop_while_it_waits_for_its_dir_is_a_stop_before_serving(
+    short_tmp: Path, plugin: PluginProcess
+) -> None:
+    """As a stop in the wait for another instance is: it was "stopping" and exit 0."""
+    plugin.plugin_dir = short_tmp / "late"  # never made
+    await plugin.start()
+    await plugin.said("does not exist")
+
+    code = await plugin.terminate(signal.SIGINT)
+
+    assert code == 128 + signal.SIGINT
+    assert "rdma-device-plugin: stopped by SIGINT before serving" in plugin.output()
+
+
 async def test_a_second_instance_on_the_same_dir_waits_and_takes_over_when_the_first_stops(
     kubelet: KubeletPeer,
     plugin: PluginProcess,
