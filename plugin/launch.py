@@ -259,12 +259,21 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 _FLOAT = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?")
 
 
+class _Typed(float):
+    """A number flag's value, and the text it was typed as: a range error quotes that (1e-400
+    is 0.0 once a float)."""
+
+    text = ""
+
+
 def _float(text: str) -> float:
     """A number as written in ASCII decimal notation: float() alone would also take 1_0, other
     scripts' digits, spaces and nan (each range then speaks of what was not typed)."""
     if not _FLOAT.fullmatch(text.removeprefix("-")):  # 400 digits is a number (out of range)
         raise argparse.ArgumentTypeError("not a number like 5 or 0.5")
-    return float(text)
+    value = _Typed(text)
+    value.text = text
+    return value
 
 
 def _path(text: str) -> Path:
@@ -332,7 +341,13 @@ def parse(
         return spec_type(**values)
     except LaunchError as exc:
         value = values[exc.field]  # a number or path is said; text may be a secret
-        said = str(value) if isinstance(value, float | Path) else described(value)
+        said = (
+            (value.text if len(value.text) <= 24 else described(value.text))
+            if isinstance(value, _Typed)
+            else str(value)
+            if isinstance(value, float | Path)
+            else described(value)
+        )
         parser.error(f"{_flag(exc.field)} {said}: {exc.why}")
 
 

@@ -53,7 +53,12 @@ def write_stdout(text: str) -> None:
 
 # Control characters, and the Unicode line and paragraph separators: what would break a log
 # line, or forge one.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Control characters, line and paragraph separators, and the invisible ones that reorder or hide
+# text on a terminal (bidi overrides and isolates, zero-width spaces and joiners, the BOM)
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064"
+    "\u2066-\u2069\ufeff]"
+)
 PEER_TEXT_MAX = 300
 # A line this program says at most (a path the user gave is kept whole up to it).
 SAID_MAX = 2000
@@ -78,7 +83,8 @@ def host_port(host: str, port: int) -> str:
 
 
 def escaped(text: str) -> str:
-    """`text` with its control characters escaped (`\\n`): one line, whatever it holds."""
+    """`text` with its control and invisible characters escaped (`\\n`, `\\u202e`): one line,
+    shown as it is, whatever it holds."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 

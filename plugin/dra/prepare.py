@@ -243,7 +243,7 @@ class Preparer:
                 why = f"is {kind}, not a regular file: remove it (only this driver writes it)"
             elif (there := why_not_writable(self.checkpoint.parent)) is not None:
                 why += f": {self.checkpoint.parent} {there}"
-            claims = ", ".join(f"{who} not {verb}" for verb, who, _, _ in said)
+            undone = ", ".join(f"{who} not {verb}" for verb, who, _, _ in said)
             for uid, before in self._before.items():
                 if before is not None:
                     self.claims[uid] = before
@@ -252,9 +252,10 @@ class Preparer:
                 name = spec_file(self.driver, uid)
                 if (spec := _spec_there(self.cdi_dir / name)) and spec.get("kind") == self.cdi_kind:
                     (self.cdi_dir / name).unlink(missing_ok=True)
-            raise CheckpointError(
-                f"cannot write the checkpoint {self.checkpoint}: {why} ({claims}: the kubelet "
-                "asks again)"
+            raise CheckpointError(  # claims already as saved are not undone, nor named
+                f"cannot write the checkpoint {self.checkpoint}: {why} ("
+                + (f"{undone}: " if undone else "")
+                + "the kubelet asks again)"
             ) from None
         finally:
             self._before.clear()
@@ -415,6 +416,8 @@ class Preparer:
     ) -> list[dict[str, Any]]:
         """The allocation's results of this driver on this node; `at` follows what is read."""
         said = (obj["metadata"].get("namespace"), obj["metadata"].get("name"))
+        if not all(isinstance(part, str) for part in said):  # said as its shape, not None/None
+            raise TypeError
         if said != (claim.namespace, claim.name):
             raise PrepareError(
                 f"the API server answered for claim {claim.namespace}/{claim.name} with "

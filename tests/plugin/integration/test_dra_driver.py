@@ -910,6 +910,7 @@ def _claim(results: object, status: object = None, uid: str = "u-1", name: str =
     [
         (b"{}", "metadata"),
         (b'{"metadata": "x"}', "metadata"),
+        (b'{"metadata": {"uid": "u-1"}}', "metadata"),  # was "answered ... with 'None/None'"
         (_claim([], status="x"), "status"),
         (_claim({"a": 1}), "status.allocation.devices.results"),
         (_claim(["a"]), "status.allocation.devices.results"),
@@ -918,8 +919,8 @@ def _claim(results: object, status: object = None, uid: str = "u-1", name: str =
         (_claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": 5}]),
          "status.allocation.devices.results[0]"),
     ],
-    ids=["no-metadata", "metadata-text", "status-text", "results-mapping", "results-text",
-         "result-without-device", "device-a-number"],
+    ids=["no-metadata", "metadata-text", "metadata-without-name", "status-text",
+         "results-mapping", "results-text", "result-without-device", "device-a-number"],
 )  # fmt: skip
 async def test_a_claim_of_another_shape_is_that_claims_error(
     short_tmp: Path, tree: SysfsTree, body: bytes, field: str

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from plugin.core.terminal import escaped
+
 REPO = Path(__file__).resolve().parents[3]
 
 # A stop whose SystemExit becomes another error as it unwinds: CPython's import machinery did
@@ -70,3 +72,13 @@ def test_a_burst_that_comes_while_busy_in_c_is_decided_by_the_first_to_arrive() 
 
     assert proc.returncode == 143, stderr
     assert stderr.splitlines() == ["prog: stopped by SIGTERM"]
+
+
+def test_invisible_characters_that_reorder_or_hide_text_are_escaped_as_control_ones_are() -> None:
+    """A bidi override or a zero-width space passed through to the terminal raw."""
+    said = "bidi:\u202eevil\u202c zw:\u200b isolate:\u2066x\u2069 bom:\ufeff tab:\t"
+
+    assert escaped(said) == (
+        "bidi:\\u202eevil\\u202c zw:\\u200b isolate:\\u2066x\\u2069 bom:\\ufeff tab:\\t"
+    )
+    assert escaped("é 密码 Ω ok") == "é 密码 Ω ok"  # letters of any script are kept
