@@ -173,9 +173,19 @@ class HealthWatcher:
             for p in problems:
                 logger.error("%s", p.message)
             summary = ", ".join(
-                f"{v.pool.resource_name}={len(v.hcas)} HCAs/{len(v.devices)} IDs" for v in views
+                f"{v.pool.resource_name}={_hcas(v)}/{len(v.devices)} IDs" for v in views
             )
             logger.info("scan (%s): %s", self.discovery.name, summary)
+
+
+def _hcas(view: policy.PoolView) -> str:
+    """A pool's HCAs as the summary counts them: those a pod could use now, of all it took."""
+    usable = sum(h.unhealthy_reason() is None for h in view.hcas)
+    return (
+        f"{len(view.hcas)} HCAs"
+        if usable == len(view.hcas)
+        else (f"{usable} of {len(view.hcas)} HCAs usable")
+    )
 
 
 def _why_empty(inventory: Inventory, view: policy.PoolView) -> str:

@@ -18,7 +18,7 @@ from plugin.core.discovery.model import (
     Inventory,
     Port,
 )
-from plugin.core.userfiles import UnreadableError, decimal, file_kind, read_text, shown
+from plugin.core.userfiles import UnreadableError, decimal, described, file_kind, read_text, shown
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,13 @@ class SysfsDiscovery:
             vendor = _hex(read(pci / "vendor"))
             device_id = _hex(read(pci / "device"))
             driver = _link_name(pci / "driver")
-            numa = _numa(read(pci / "numa_node"))
+            written = read(pci / "numa_node")
+            numa = _numa(written)
+            if numa is None and written not in (None, "-1"):  # -1: the kernel does not know
+                problems.append(
+                    f"{pci / 'numa_node'}: {described(written)}, not a NUMA node: {name} is "
+                    "taken to have none (no NUMA-aware allocation for it)"
+                )
             pci_netdevs = _pci_netdevs(pci)
             parent = None
             address = os.path.basename(os.path.realpath(pci))

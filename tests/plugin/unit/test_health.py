@@ -169,3 +169,21 @@ async def test_each_hcas_health_is_a_gauge_and_an_hca_gone_leaves_none() -> None
     )
     await watcher.rescan()
     assert hca_health(metrics) == {"mlx5_0": 1.0}
+
+
+async def test_the_scan_summary_counts_the_hcas_a_pod_could_use(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Right after "not served" for an HCA, the summary said "3 HCAs"."""
+    discovery = HeldDiscovery()
+    down = dataclasses.replace(discovery.inventory.hcas[1], readable=False)
+    discovery.inventory = dataclasses.replace(
+        discovery.inventory, hcas=(discovery.inventory.hcas[0], down)
+    )
+    watcher, _ = watched(discovery, Metrics())
+    caplog.set_level("INFO", logger="plugin.core.health")
+
+    await watcher.rescan()
+
+    summaries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scan (")]
+    assert summaries == ["scan (held): rdma/hca=1 of 2 HCAs usable/1000 IDs"]

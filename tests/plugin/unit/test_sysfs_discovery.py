@@ -430,3 +430,29 @@ def test_a_sysfs_root_its_user_cannot_search_is_one_error_not_a_traceback(
         f"{tree.sys}/class/infiniband cannot be read (Permission denied): --sysfs-root must "
         "name where sysfs is mounted (/sys), readable by this process"
     ) in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [("-1", None), ("1", None),
+     ("hunter2secretpw", "text of 15 characters, not a NUMA node: mlx5_0 is taken to have none "
+                         "(no NUMA-aware allocation for it)"),
+     ("4096", "text of 4 characters, not a NUMA node: mlx5_0 is taken to have none (no "
+              "NUMA-aware allocation for it)")],
+    ids=["unknown-to-the-kernel", "a-node", "garbage", "past-max-numnodes"],
+)  # fmt: skip
+def test_a_numa_node_file_that_holds_no_node_is_said_and_not_quoted(
+    tmp_path: Path, written: str, said: str | None
+) -> None:
+    """It was dropped without a word: the HCA silently lost NUMA-aware allocation."""
+    tree = SysfsTree(tmp_path)
+    tree.add_pci_hca("mlx5_0", pci="0000:03:00.0")
+    numa_file = tree.sys / "bus" / "pci" / "devices" / "0000:03:00.0" / "numa_node"
+    numa_file.write_text(written + "\n")
+
+    hca = scan(tree)["mlx5_0"]
+
+    found = [p for p in hca.problems if "numa_node" in p]
+    named = tree.sys / "class" / "infiniband" / "mlx5_0" / "device" / "numa_node"  # as read
+    assert found == ([] if said is None else [f"{named}: {said}"])
+    assert hca.numa_node == (1 if written == "1" else None)
