@@ -182,7 +182,6 @@ def unknown_key_problems(keys: Iterable[str]) -> list[str]:
     """A line per key of the namespace that this project does not know (a misspelling)."""
     prefix = f"{PROJECT}:"
     keys = list(keys)
-
     problems: list[str] = []
     for key in sorted(keys):  # our key under a misspelt project name is silently nobody's
         namespace, sep, name = key.partition(":")

@@ -121,6 +121,11 @@ def taken_domain(name: str) -> str | None:
     return None if taken is None else f"the {domain} domain is {taken}"
 
 
+def but_for_case(name: str) -> bool:
+    """Whether `name` would be a DNS subdomain in lower case: its capitals are the fault."""
+    return _DNS_SUBDOMAIN.fullmatch(name.lower()) is not None
+
+
 def check_resource_name(resource_name: str) -> None:
     """Refuse a resource name the kubelet's Register would refuse (field `name`)."""
     problems = resource_name_problems(resource_name)
@@ -137,8 +142,9 @@ def resource_name_problems(resource_name: str) -> list[ConfigError]:
     problems: list[ConfigError] = []
     fix = "e.g. rdma, as in rdma/hca"
     if len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix):
-        lower = _DNS_SUBDOMAIN.fullmatch(prefix.lower()) is not None
-        why = "its prefix is not a DNS subdomain" + (" (it has capitals)" if lower else "")
+        why = "its prefix is not a DNS subdomain" + (
+            " (it has capitals)" if but_for_case(prefix) else ""
+        )
         problems.append(ConfigError(why, field="prefix", fix=fix))
     elif (taken := taken_domain(prefix)) is not None:
         problems.append(ConfigError(taken, field="prefix", fix=f"a domain of your own, {fix}"))

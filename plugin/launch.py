@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal, TypeVar, get_args
 
-from plugin.config import taken_domain
+from plugin.config import but_for_case, taken_domain
 from plugin.core.terminal import Parser
 from plugin.core.userfiles import decimal, described, file_kind
 
@@ -195,8 +195,7 @@ class DraLaunchSpec(CoreSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not _DNS_SUBDOMAIN.fullmatch(self.driver_name) or "." not in self.driver_name:
-            lower = _DNS_SUBDOMAIN.fullmatch(self.driver_name.lower()) is not None
-            case = " (in lower case: it has capitals)" if lower else ""
+            case = " (in lower case: it has capitals)" if but_for_case(self.driver_name) else ""
             raise LaunchError(
                 "driver_name", f"must be a DNS subdomain with a dot{case}, e.g. rdma.x.io"
             )

@@ -181,11 +181,9 @@ class HealthWatcher:
 def _hcas(view: policy.PoolView) -> str:
     """A pool's HCAs as the summary counts them: those a pod could use now, of all it took."""
     usable = sum(h.unhealthy_reason() is None for h in view.hcas)
-    return (
-        f"{len(view.hcas)} HCAs"
-        if usable == len(view.hcas)
-        else (f"{usable} of {len(view.hcas)} HCAs usable")
-    )
+    if usable == len(view.hcas):
+        return f"{len(view.hcas)} HCAs"
+    return f"{usable} of {len(view.hcas)} HCAs usable"
 
 
 def _why_empty(inventory: Inventory, view: policy.PoolView) -> str:

@@ -46,9 +46,9 @@ SENTINEL = "s3cr3t-Zq9"  # a value that must never appear in what the project wr
 
 
 def _cli(
-    module: str, *args: str, cwd: Path, path: str | None = None
+    module: str, *args: str, cwd: Path, path: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR)}
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), **(env or {})}
     if path is not None:
         env["PATH"] = path
     return subprocess.run(
@@ -1234,17 +1234,14 @@ def test_the_passphrase_and_token_are_masked_and_controls_escaped_in_what_the_en
         'echo "error: passphrase is $p" >&2; exit 3\n'
     )
     path = _fake_pulumi(tmp_path / "bin", script)
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path, "PULUMI_ACCESS_TOKEN": token}
+    env = {"PULUMI_ACCESS_TOKEN": token}
     if given == "env":
         env["PULUMI_CONFIG_PASSPHRASE"] = passphrase
     else:
         (tmp_path / "phrase").write_text(passphrase + "\n")
         env["PULUMI_CONFIG_PASSPHRASE_FILE"] = str(tmp_path / "phrase")
 
-    done = subprocess.run(
-        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
+    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path, env=env)
 
     said = done.stdout + done.stderr
     assert done.returncode == 1, done.stderr
@@ -1271,12 +1268,9 @@ def test_cloud_and_backend_credentials_are_masked_in_what_the_engine_says(tmp_pa
         'echo "error: secret=$ALICLOUD_SECRET_KEY" >&2; exit 1\n'
     )
     path = _fake_pulumi(tmp_path / "bin", script)
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path, **credentials}
+    env = credentials
 
-    done = subprocess.run(
-        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
+    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path, env=env)
 
     said = done.stdout + done.stderr
     assert done.returncode == 1, done.stderr
@@ -1291,13 +1285,9 @@ def test_a_passphrase_file_deploy_cannot_read_is_said_as_not_masked(tmp_path: Pa
     path = _fake_pulumi(tmp_path / "bin", "#!/bin/sh\necho v3.277.0\n")
     big = tmp_path / "phrase"
     big.write_text("x" * (2 << 20))
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path,
-           "PULUMI_CONFIG_PASSPHRASE_FILE": str(big)}  # fmt: skip
+    env = {"PULUMI_CONFIG_PASSPHRASE_FILE": str(big)}
 
-    done = subprocess.run(
-        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
+    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path, env=env)
 
     assert done.stderr.splitlines()[0] == (
         f"deploy: PULUMI_CONFIG_PASSPHRASE_FILE {big}: over 1024 KiB: the passphrase in it is "
@@ -1309,19 +1299,40 @@ def test_a_short_passphrase_is_said_to_be_masked_only_where_it_stands_alone(
     tmp_path: Path,
 ) -> None:
     path = _fake_pulumi(tmp_path / "bin", "#!/bin/sh\necho v3.277.0\n")
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path,
-           "PULUMI_CONFIG_PASSPHRASE": "Zq7Xw9K"}  # fmt: skip
+    env = {"PULUMI_CONFIG_PASSPHRASE": "Zq7Xw9K"}
 
-    done = subprocess.run(
-        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
+    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path, env=env)
 
     assert done.stderr.splitlines()[0] == (
         "deploy: PULUMI_CONFIG_PASSPHRASE: fewer than 8 characters, masked in the engine's "
         "output only where it stands alone, not encoded: use a longer one"
     )
     assert "Zq7Xw9K" not in done.stdout + done.stderr
+
+
+_STOP_SWALLOWED = """
+import os, signal
+from infra.interrupt import exit_quietly, guard
+exit_quietly("prog")
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+except SystemExit:
+    pass  # swallowed, as code being imported may do
+guard(lambda: 0)
+"""
+
+
+def test_a_stop_said_in_the_imports_whose_exit_was_swallowed_still_ends_as_that_stop(
+    tmp_path: Path,
+) -> None:
+    """The program ran on after the stop was said, and exited 0."""
+    done = subprocess.run(
+        [sys.executable, "-c", _STOP_SWALLOWED], cwd=PROJECT_DIR, capture_output=True,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert done.stderr.splitlines() == ["prog: stopped by SIGTERM"]
 
 
 def test_a_burst_of_stop_signals_during_the_engine_is_one_stop_not_a_kill(

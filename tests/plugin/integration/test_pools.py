@@ -295,40 +295,27 @@ async def test_the_metrics_server_drops_bad_requests_quietly_and_keeps_serving(
     assert "exception was never retrieved" not in plugin.output()
 
 
-async def test_allocate_refuses_an_id_given_twice(
-    kubelet: KubeletPeer, plugin: PluginProcess
+@pytest.mark.parametrize(
+    ("containers", "said"),
+    [([["hca-1", "hca-2", "hca-1"]],
+      "rdma/hca: device ID 'hca-1' is given twice: the kubelet sends each at most once; its "
+      "state is stale, retry the pod"),
+     ([], "rdma/hca: a request with no container: nothing to allocate (the kubelet sends one "
+          "per container that asks for this resource)")],
+    ids=["an-id-twice", "no-container"],  # no container: answered with nothing, said nothing
+)  # fmt: skip
+async def test_allocate_refuses_a_request_the_kubelet_never_sends(
+    kubelet: KubeletPeer, plugin: PluginProcess, containers: list[list[str]], said: str
 ) -> None:
     await plugin.start()
     reg = await kubelet.wait_registrations(1)
+    requests = [api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in containers]
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await reg.stub.Allocate(
-            api_pb2.AllocateRequest(
-                container_requests=[
-                    api_pb2.ContainerAllocateRequest(devices_ids=["hca-1", "hca-2", "hca-1"])
-                ]
-            )
-        )
+        await reg.stub.Allocate(api_pb2.AllocateRequest(container_requests=requests))
 
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "device ID 'hca-1' is given twice" in (caught.value.details() or "")
-
-
-async def test_allocate_refuses_a_request_with_no_container(
-    kubelet: KubeletPeer, plugin: PluginProcess
-) -> None:
-    """It answered with nothing, and said nothing."""
-    await plugin.start()
-    reg = await kubelet.wait_registrations(1)
-
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await reg.stub.Allocate(api_pb2.AllocateRequest(container_requests=[]))
-
-    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert caught.value.details() == (
-        "rdma/hca: a request with no container: nothing to allocate (the kubelet sends one per "
-        "container that asks for this resource)"
-    )
+    assert caught.value.details() == said
 
 
 async def test_a_pool_left_empty_by_an_exclusive_pool_before_it_says_so(
