@@ -130,10 +130,13 @@ class SysfsDiscovery:
             driver = _link_name(pci / "driver")
             written = read(pci / "numa_node")
             numa = _numa(written)
-            if numa is None and written not in (None, "-1"):  # -1: the kernel does not know
+            # -1: the kernel does not know; no file: a kernel without NUMA. Anything else there
+            # (garbage, a FIFO) silently cost the HCA its NUMA-aware allocation.
+            if numa is None and written != "-1" and os.path.lexists(pci / "numa_node"):
+                what = "cannot be read as text" if written is None else described(written)
                 problems.append(
-                    f"{pci / 'numa_node'}: {described(written)}, not a NUMA node: {name} is "
-                    "taken to have none (no NUMA-aware allocation for it)"
+                    f"{pci / 'numa_node'}: {what}, not a NUMA node: {name} is taken to have "
+                    "none (no NUMA-aware allocation for it)"
                 )
             pci_netdevs = _pci_netdevs(pci)
             parent = None

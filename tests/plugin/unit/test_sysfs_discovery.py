@@ -438,8 +438,12 @@ def test_a_sysfs_root_its_user_cannot_search_is_one_error_not_a_traceback(
      ("hunter2secretpw", "text of 15 characters, not a NUMA node: mlx5_0 is taken to have none "
                          "(no NUMA-aware allocation for it)"),
      ("4096", "text of 4 characters, not a NUMA node: mlx5_0 is taken to have none (no "
-              "NUMA-aware allocation for it)")],
-    ids=["unknown-to-the-kernel", "a-node", "garbage", "past-max-numnodes"],
+              "NUMA-aware allocation for it)"),
+     ("FIFO", "cannot be read as text, not a NUMA node: mlx5_0 is taken to have none (no "
+              "NUMA-aware allocation for it)"),
+     ("ABSENT", None)],
+    ids=["unknown-to-the-kernel", "a-node", "garbage", "past-max-numnodes", "a-fifo",
+         "no-file"],
 )  # fmt: skip
 def test_a_numa_node_file_that_holds_no_node_is_said_and_not_quoted(
     tmp_path: Path, written: str, said: str | None
@@ -448,7 +452,11 @@ def test_a_numa_node_file_that_holds_no_node_is_said_and_not_quoted(
     tree = SysfsTree(tmp_path)
     tree.add_pci_hca("mlx5_0", pci="0000:03:00.0")
     numa_file = tree.sys / "bus" / "pci" / "devices" / "0000:03:00.0" / "numa_node"
-    numa_file.write_text(written + "\n")
+    numa_file.unlink()
+    if written == "FIFO":
+        os.mkfifo(numa_file)  # read without blocking: refused as not a regular file
+    elif written != "ABSENT":
+        numa_file.write_text(written + "\n")
 
     hca = scan(tree)["mlx5_0"]
 
