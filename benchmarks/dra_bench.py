@@ -6,7 +6,7 @@ cluster, interleaved, so their ratio is measured under the same load.
 
 D1  NodePrepareResources over the driver's gRPC socket, one claim a call as the kubelet sends
     them: a first prepare (read the claim, write its CDI spec and the checkpoint) and a repeat
-    (idempotent: the checkpoint answers). The claims are made and allocated through the API.
+    (idempotent: made afresh from the API, its spec and record already there). The claims are made and allocated through the API.
 D2  pod create -> Running, scheduled by the scheduler: a claim of a shared device vs `rdma/hca: 1`
     of the device plugin, host network, the same busybox container.
 D3  an exclusive HCA's port going down -> its device gone from the node's ResourceSlice, and back
@@ -120,7 +120,7 @@ async def d1(api: Api, driver: DraDriver) -> None:
     for name, _ in claims:
         api.call("DELETE", f"{RESOURCE}/namespaces/{NS}/resourceclaims/{name}")
     print(f"D1 NodePrepareResources, first: {fmt(first)}")
-    print(f"D1 NodePrepareResources, repeat (checkpointed): {fmt(repeat)}")
+    print(f"D1 NodePrepareResources, repeat: {fmt(repeat)}")
 
 
 def _pod(name: str, dra: bool) -> dict[str, Any]:

@@ -354,8 +354,9 @@ def why_not_made(directory: Path, exc: OSError) -> str:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """`path` holds `text` whole, or is left as it was; only a regular file (or none) is
-    replaced, keeping its permissions (a file made 0600 stays so), else 0644: a device, FIFO,
+    """`path` holds `text` whole, or is left as it was, durably once this returns (the file and
+    its directory synced: a crash or a reboot after it keeps it); only a regular file (or none)
+    is replaced, keeping its permissions (a file made 0600 stays so), else 0644: a device, FIFO,
     symlink or directory there is refused, never overwritten."""
     tmp = staged(path, text)
     try:
@@ -363,6 +364,30 @@ def write_atomically(path: Path, text: str) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+    sync_dir(path.parent)
+
+
+def sync_dir(directory: Path) -> None:
+    """The names made or removed in `directory` are on disk once this returns."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# What `staged` names a file it makes beside `path`: `.<path's name>.tmp-<random>`. A process
+# killed while writing leaves one behind; whoever owns `path`'s name may remove it.
+TEMP_MARK = ".tmp-"
+
+
+def temp_of(name: str, temp: str) -> bool:
+    """Whether `temp` is a file `staged` made for a file called `name`."""
+    return temp.startswith(f".{name[:_TEMP_NAME_MAX]}{TEMP_MARK}")
+
+
+# Room in a 255-byte name for the dot, the mark and mkstemp's 8 random characters.
+_TEMP_NAME_MAX = 255 - 1 - len(TEMP_MARK) - 8
 
 
 def staged(path: Path, text: str) -> str:
@@ -376,7 +401,7 @@ def staged(path: Path, text: str) -> str:
         raise OSError(
             errno.EEXIST, f"is {file_kind(mode)}, not a regular file: name a file to write"
         )
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)  # a name of its own, short
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:_TEMP_NAME_MAX]}{TEMP_MARK}", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

@@ -72,7 +72,7 @@ async def run(
         node,
         cdi_kind(driver),
         spec.cdi_dir,
-        spec.plugins_dir / driver / "checkpoint.json",
+        spec.plugins_dir / driver / "claims",
         spec.dev_root,
     )
     publisher = SlicePublisher(api, driver, node)
@@ -116,6 +116,12 @@ async def run(
     add_dra_services(dra_server, preparer, stop)
     if (why := _bind(dra_path, dra_server)) is not None:
         say(f"{PROG}: --plugins-dir: {why}")
+        return 2
+    try:  # before the first prepare is served
+        preparer.recover()
+    except OSError as exc:
+        records = preparer.checkpoint.directory
+        say(f"{PROG}: --plugins-dir: {records} {why_not_made(records, exc)}")
         return 2
     await dra_server.start()
     reg_server = grpc.aio.server()

@@ -22,7 +22,8 @@ from plugin.dra.api.dra.v1beta1 import api_pb2 as v1beta1
 from plugin.dra.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from plugin.dra.api.pluginregistration.v1 import api_pb2 as reg
 from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from plugin.dra.prepare import ClaimRef, PreparedDevice, PrepareError, Preparer
+from plugin.dra.checkpoint import ClaimNameError, ClaimRef
+from plugin.dra.prepare import PreparedDevice, PrepareError, Preparer
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,8 @@ class _Claims:
     """NodePrepareResources and NodeUnprepareResources, whatever the API version: claims are
     prepared one at a time, off the event loop in a daemon thread (a claim's read from the API
     server and its file writes block; a stop does not wait for them: each file is written
-    atomically), under one lock (the checkpoint has one writer)."""
+    atomically, and what a kill leaves is removed at the next start), under one lock (the
+    specs and the checkpoint have one writer)."""
 
     def __init__(self, preparer: Preparer, lock: asyncio.Lock, stopping: asyncio.Event) -> None:
         self.preparer = preparer
@@ -69,58 +71,78 @@ class _Claims:
         return running.result()
 
     async def prepare(self, claims: Iterable[Any]) -> dict[str, tuple[PreparedDevice, ...] | str]:
-        """Claim UID -> its devices, or why it cannot be prepared now."""
+        """Claim UID -> its devices, or why it cannot be prepared now. A claim is answered
+        prepared only once its spec and its record are on disk; once the driver stops, the
+        claims not done are answered so (a prepare left running may finish: the kubelet's
+        retry finds it done)."""
         answers: dict[str, tuple[PreparedDevice, ...] | str] = {}
-        for claim in claims:
+        refs, refused = _refs(claims)
+        answers.update(refused)
+        for ref in refs:
+            if self.stopping.is_set():
+                answers[ref.uid] = STOPPING
+                continue
             try:
-                ref = ClaimRef(claim.namespace, claim.uid, claim.name)
                 async with self.lock:
-                    answers[claim.uid] = await self._unless_stopping(
-                        functools.partial(self.preparer.prepare, ref), f"prepare {_named(claim)}"
+                    answers[ref.uid] = await self._unless_stopping(
+                        functools.partial(self.preparer.prepare, ref), f"prepare {ref.named}"
                     )
             except (PrepareError, OSError) as exc:
-                logger.warning("prepare %s: %s", _named(claim), exc)
-                answers[claim.uid] = masked(str(exc))
+                logger.warning("prepare %s: %s", ref.named, exc)
+                answers[ref.uid] = masked(str(exc))
             except asyncio.CancelledError:  # the driver stops: answered, not a grpc traceback
-                answers[claim.uid] = STOPPING
-                return answers  # a prepare left running may still change the claims: no save
-        if (problem := await self._saved()) is not None:
-            return {u: a if isinstance(a, str) else problem for u, a in answers.items()}
+                answers[ref.uid] = STOPPING
         return answers
 
     async def unprepare(self, claims: Iterable[Any]) -> dict[str, str]:
-        """Claim UID -> "" once unprepared, or why not."""
+        """Claim UID -> "" once its spec and record are gone, or why not."""
         answers: dict[str, str] = {}
-        for claim in claims:
+        refs, refused = _refs(claims)
+        answers.update(refused)
+        for ref in refs:
+            if self.stopping.is_set():
+                answers[ref.uid] = STOPPING
+                continue
             try:
-                ref = ClaimRef(claim.namespace, claim.uid, claim.name)
                 async with self.lock:
                     undo = functools.partial(self.preparer.unprepare, ref)
-                    await self._unless_stopping(undo, f"unprepare {_named(claim)}")
-                answers[claim.uid] = ""
+                    await self._unless_stopping(undo, f"unprepare {ref.named}")
+                answers[ref.uid] = ""
             except (PrepareError, OSError) as exc:
-                logger.warning("unprepare %s: %s", _named(claim), exc)
-                answers[claim.uid] = masked(str(exc))
+                logger.warning("unprepare %s: %s", ref.named, exc)
+                answers[ref.uid] = masked(str(exc))
             except asyncio.CancelledError:
-                answers[claim.uid] = STOPPING
-                return answers
-        if (problem := await self._saved()) is not None:
-            return {u: a or problem for u, a in answers.items()}
+                answers[ref.uid] = STOPPING
         return answers
 
-    async def _saved(self) -> str | None:
-        """The checkpoint of what this request changed, written before the kubelet hears of
-        it; why not, when it cannot be (each claim this request did is then answered so)."""
+
+def _refs(claims: Iterable[Any]) -> tuple[list[ClaimRef], dict[str, str]]:
+    """The claims of a request, each UID once, checked; and the answers of those refused. The
+    answer is keyed by UID: a UID named twice with two names would get one answer for two
+    claims, so it is refused whole, and nothing of it is done."""
+    refs: dict[str, ClaimRef] = {}
+    refused: dict[str, str] = {}
+    for claim in claims:
+        uid = str(claim.uid)
+        if uid in refused:
+            continue
         try:
-            async with self.lock:
-                await self._unless_stopping(self.preparer.save, "the checkpoint's save")
-        except OSError as exc:  # a CheckpointError's message is the whole story
-            problem = str(exc)
-            logger.error("%s", problem)
-            return problem
-        except asyncio.CancelledError:
-            pass  # stopping: a claim answered is prepared again (idempotently) when asked
-        return None
+            ref = ClaimRef(claim.namespace, uid, claim.name)
+        except ClaimNameError as exc:
+            logger.warning("claim %s: %s", _named(claim), exc)
+            refused[uid] = masked(str(exc))
+            refs.pop(uid, None)
+            continue
+        if (seen := refs.get(uid)) is not None and seen != ref:
+            refused[uid] = masked(
+                f"the kubelet names claim UID {uid} twice, as {seen.named} and {ref.named}: "
+                "neither is prepared or unprepared"
+            )
+            logger.warning("%s", refused[uid])
+            del refs[uid]
+            continue
+        refs[uid] = ref
+    return list(refs.values()), refused
 
 
 def _named(claim: Any) -> str:

@@ -9,21 +9,17 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
-import http.server
 import json
 import os
 import signal
 import socket
-import ssl
 import stat
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -35,77 +31,11 @@ from plugin.dra.api.dra.v1beta1 import api_pb2 as v1beta1
 from plugin.dra.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from plugin.dra.api.pluginregistration.v1 import api_pb2 as reg
 from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from plugin.dra.prepare import CHECKPOINT_VERSION, POD_READS_WITHIN, spec_file
+from plugin.dra.prepare import POD_READS_WITHIN, spec_file
 from plugin.dra.servicer import STOPPING
-from plugin.launch import DRA_DRIVER, DraLaunchSpec, dra_socket, registration_socket
-from tests.plugin.plugin_process import free_port
+from plugin.launch import DRA_DRIVER, dra_socket, registration_socket
+from tests.plugin.dra_driver import TOKEN, Driver, OddApi, claim, prepare, unprepare
 from tests.plugin.sysfs_tree import SysfsTree
-
-TOKEN = "S3cret-token-0123456789"  # the driver's own: never in its log
-
-
-class Driver:
-    def __init__(self, root: Path, tree: SysfsTree, server: str | None = None) -> None:
-        kubeconfig = root / "kubeconfig"
-        closed = free_port()  # nothing listens: the API server is away
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "clusters": [
-                        {
-                            "name": "c",
-                            "cluster": {
-                                "server": server or f"https://127.0.0.1:{closed}",
-                                "insecure-skip-tls-verify": True,
-                            },
-                        }
-                    ],
-                    "users": [{"name": "u", "user": {"token": TOKEN}}],
-                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                    "current-context": "x",
-                }
-            )
-        )
-        self.spec = DraLaunchSpec(
-            sysfs_root=tree.sys,
-            dev_root=tree.dev,
-            discovery="sysfs",
-            metrics_address=f"127.0.0.1:{free_port()}",
-            log_level="debug",
-            kubeconfig=kubeconfig,
-            node_name="node-a",
-            plugins_registry_dir=root / "registry",
-            plugins_dir=root / "plugins",
-            cdi_dir=root / "cdi",
-        )
-        self.log = root / "dra.log"
-        self.proc: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.spec.command(sys.executable), stdout=log, stderr=log
-            )
-        socket = registration_socket(self.spec.plugins_registry_dir, DRA_DRIVER)
-        for _ in range(200):
-            if socket.exists():
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"no {socket} within 10 s:\n{self.log.read_text()}")
-
-    async def refused(self, spec: DraLaunchSpec | None = None) -> int:
-        """Run `spec` (default: its own), expected to stop at once: its exit code."""
-        with self.log.open("ab") as log:
-            proc = await asyncio.create_subprocess_exec(
-                *(spec or self.spec).command(sys.executable), stdout=log, stderr=log
-            )
-        return await asyncio.wait_for(proc.wait(), 30)
-
-    async def stop(self) -> int:
-        assert self.proc is not None
-        if self.proc.returncode is None:
-            self.proc.terminate()
-        return await asyncio.wait_for(self.proc.wait(), 10)
 
 
 @pytest.fixture
@@ -382,76 +312,6 @@ def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
     assert "S3cret" not in done.stderr
 
 
-class OddApi:
-    """An HTTPS server that gives every request the same answer (`by_path` excepted, or one
-    without end): what a proxy in the way, or a failing API server, says."""
-
-    def __init__(
-        self,
-        root: Path,
-        status: int,
-        body: bytes,
-        by_path: dict[str, bytes] | None = None,
-        endless: bool = False,
-        slow_under: tuple[str, float] = ("", 0.0),
-        drip: float = 0.0,
-    ) -> None:
-        self.asked: list[str] = []
-        key, cert = root / "api.key", root / "api.crt"
-        subprocess.run(
-            ["openssl", "req", "-x509", "-nodes", "-newkey", "rsa:2048", "-days", "1",
-             "-subj", "/CN=odd", "-keyout", str(key), "-out", str(cert)],
-            check=True, capture_output=True,
-        )  # fmt: skip
-
-        class Answer(http.server.BaseHTTPRequestHandler):
-            def do_GET(inner) -> None:  # noqa: N805 (self is the server's)
-                self.asked.append(inner.path)
-                if inner.path.startswith(slow_under[0]):
-                    time.sleep(slow_under[1])
-                inner.answer()
-
-            def answer(self) -> None:
-                answer = (by_path or {}).get(self.path.partition("?")[0], body)
-                if endless:  # a chunked body without end, until the reader goes
-                    self.send_response(status)
-                    self.send_header("Transfer-Encoding", "chunked")
-                    self.end_headers()
-                    with contextlib.suppress(OSError):
-                        while True:
-                            self.wfile.write(b"10000\r\n" + b"x" * 0x10000 + b"\r\n")
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                for at in range(0, len(answer), 1 if drip else len(answer) or 1):
-                    self.wfile.write(answer[at : at + 1] if drip else answer)
-                    self.wfile.flush()
-                    time.sleep(drip)
-
-            def do_POST(self) -> None:
-                self.do_GET()
-
-            def do_PUT(self) -> None:
-                self.do_GET()
-
-            def do_DELETE(self) -> None:
-                self.do_GET()
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        tls.load_cert_chain(cert, key)
-        self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.mark.parametrize(
     ("status", "body", "said"),
     [
@@ -672,59 +532,6 @@ async def test_a_file_where_a_socket_goes_is_kept_and_said(
     )
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "garbage", "nested-deep", "claims-a-list"])
-async def test_a_checkpoint_that_cannot_be_read_is_kept_aside_and_the_driver_serves(
-    short_tmp: Path, tree: SysfsTree, kind: str
-) -> None:
-    driver = Driver(short_tmp, tree)
-    checkpoint = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
-    checkpoint.parent.mkdir(parents=True)
-    if kind == "fifo":
-        os.mkfifo(checkpoint)
-    elif kind == "dev-zero":
-        checkpoint.symlink_to("/dev/zero")
-    elif kind == "nested-deep":
-        checkpoint.write_text("[" * 200_000 + "]" * 200_000)
-    elif kind == "claims-a-list":
-        checkpoint.write_text(json.dumps({"version": CHECKPOINT_VERSION, "claims": []}))
-    else:
-        checkpoint.write_text("{not json")
-    await driver.start()  # registration served: nothing blocked on the checkpoint
-    try:
-        log = driver.log.read_text()
-    finally:
-        assert await driver.stop() == 0
-
-    assert f"checkpoint {checkpoint} cannot be read (" in log
-    if kind == "claims-a-list":
-        assert "(its claims are a list of 0, not a mapping of UIDs)" in log
-    assert "object has no attribute" not in log
-    assert checkpoint.with_suffix(".unreadable").exists() or (
-        checkpoint.with_suffix(".unreadable").is_symlink()
-    )
-
-
-async def test_a_checkpoint_that_cannot_be_moved_aside_is_said_so_not_said_kept(
-    short_tmp: Path, tree: SysfsTree
-) -> None:
-    """A directory at the checkpoint's name, and an earlier file at its aside name: the log
-    said "kept as ....unreadable" though the rename had failed."""
-    driver = Driver(short_tmp, tree)
-    checkpoint = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
-    checkpoint.mkdir(parents=True)
-    checkpoint.with_suffix(".unreadable").write_text("an earlier one\n")
-    await driver.start()
-    try:
-        log = driver.log.read_text()
-    finally:
-        assert await driver.stop() == 0
-
-    assert f"checkpoint {checkpoint} cannot be read (" in log
-    assert f"nor be moved to {checkpoint.with_suffix('.unreadable')} (" in log
-    assert "kept as" not in log
-    assert checkpoint.with_suffix(".unreadable").read_text() == "an earlier one\n"
-
-
 @pytest.mark.parametrize("flag", ["plugins_registry_dir", "plugins_dir"])
 async def test_a_read_only_plugin_dir_is_one_line_naming_its_flag(
     short_tmp: Path, tree: SysfsTree, read_only_dir: Path, flag: str
@@ -897,26 +704,18 @@ def test_a_client_certificate_without_its_key_says_the_key_is_missing(tmp_path: 
     )
 
 
-def _claim(results: object, status: object = None, uid: str = "u-1", name: str = "c") -> bytes:
-    allocation = {"devices": {"results": results}}
-    return json.dumps({
-        "metadata": {"uid": uid, "name": name, "namespace": "default"},
-        "status": status if status is not None else {"allocation": allocation},
-    }).encode()  # fmt: skip
-
-
 @pytest.mark.parametrize(
     ("body", "field"),
     [
         (b"{}", "metadata"),
         (b'{"metadata": "x"}', "metadata"),
         (b'{"metadata": {"uid": "u-1"}}', "metadata"),  # was "answered ... with 'None/None'"
-        (_claim([], status="x"), "status"),
-        (_claim({"a": 1}), "status.allocation.devices.results"),
-        (_claim(["a"]), "status.allocation.devices.results"),
-        (_claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r"}]),
+        (claim([], status="x"), "status"),
+        (claim({"a": 1}), "status.allocation.devices.results"),
+        (claim(["a"]), "status.allocation.devices.results"),
+        (claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r"}]),
          "status.allocation.devices.results[0]"),
-        (_claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": 5}]),
+        (claim([{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": 5}]),
          "status.allocation.devices.results[0]"),
     ],
     ids=["no-metadata", "metadata-text", "metadata-without-name", "status-text",
@@ -952,7 +751,7 @@ async def test_a_claim_not_allocated_is_said_to_be_so(
     short_tmp: Path, tree: SysfsTree, status: dict[str, object]
 ) -> None:
     """It was said to allocate no device of this driver on this node: allocated elsewhere?"""
-    api = OddApi(short_tmp, 200, _claim([], status=status))
+    api = OddApi(short_tmp, 200, claim([], status=status))
     _, answer = await _prepared_against(api, short_tmp, tree)
 
     assert answer.error == (
@@ -983,7 +782,7 @@ async def test_an_allocation_this_driver_cannot_honour_is_that_claims_error_name
 ) -> None:
     """A device listed twice was "not a ResourceClaim"; parameters for this driver were
     dropped silently, a setting the user believed applied."""
-    api = OddApi(short_tmp, 200, _claim([], status={"allocation": {"devices": allocation}}))
+    api = OddApi(short_tmp, 200, claim([], status={"allocation": {"devices": allocation}}))
     _, answer = await _prepared_against(api, short_tmp, tree)
 
     assert answer.error == said
@@ -995,7 +794,7 @@ async def test_parameters_for_another_driver_are_that_drivers(
 ) -> None:
     config = [{"source": "FromClaim", "opaque": {"driver": "gpu.example.com", "parameters": {}}}]
     allocation = {"results": [_HCA_0], "config": config}
-    api = OddApi(short_tmp, 200, _claim([], status={"allocation": {"devices": allocation}}))
+    api = OddApi(short_tmp, 200, claim([], status={"allocation": {"devices": allocation}}))
     _, answer = await _prepared_against(api, short_tmp, tree)
 
     assert answer.error == ""
@@ -1008,9 +807,9 @@ async def test_parameters_for_another_driver_are_that_drivers(
 async def test_a_request_name_that_is_no_dns_label_or_holds_the_token_is_that_claims_error(
     short_tmp: Path, tree: SysfsTree, request_name: str
 ) -> None:
-    """A request's name reaches the kubelet's answer and the checkpoint as it is."""
+    """A request's name reaches the kubelet's answer as it is."""
     result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": request_name, "device": "hca-0"}]
-    api = OddApi(short_tmp, 200, _claim(result))
+    api = OddApi(short_tmp, 200, claim(result))
     driver, answer = await _prepared_against(api, short_tmp, tree)
 
     assert answer.error == (
@@ -1018,8 +817,7 @@ async def test_a_request_name_that_is_no_dns_label_or_holds_the_token_is_that_cl
         "<request>/<subrequest>), or holds the driver's API token: not used"
     )
     assert not answer.devices
-    checkpoint = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
-    assert not checkpoint.exists() or "r-" not in checkpoint.read_text()
+    assert not _record(driver, "u-1").exists()
     assert TOKEN.lower() not in driver.log.read_text().lower()
 
 
@@ -1027,7 +825,7 @@ async def test_a_request_naming_its_subrequest_is_prepared(
     short_tmp: Path, tree: SysfsTree
 ) -> None:
     result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "nic/rdma", "device": "hca-0"}]
-    api = OddApi(short_tmp, 200, _claim(result))
+    api = OddApi(short_tmp, 200, claim(result))
     _, answer = await _prepared_against(api, short_tmp, tree)
 
     assert answer.error == ""
@@ -1043,15 +841,15 @@ async def test_a_prepared_uid_asked_for_under_another_name_is_read_as_named(
     api = OddApi(
         short_tmp,
         200,
-        _claim(result),
+        claim(result),
         by_path={"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c2":
-                 _claim(result, uid="u-c2", name="c2")},
+                 claim(result, uid="u-c2", name="c2")},
     )  # fmt: skip
     driver = Driver(short_tmp, tree, api.url)
     await driver.start()
     try:
-        first = await _prepare(driver, "u-1")
-        again = await _prepare(driver, "u-1", "c2")
+        first = await prepare(driver, "u-1")
+        again = await prepare(driver, "u-1", "c2")
     finally:
         assert await driver.stop() == 0
         api.close()
@@ -1063,60 +861,64 @@ async def test_a_prepared_uid_asked_for_under_another_name_is_read_as_named(
     assert not again.devices
 
 
-async def test_a_prepare_whose_checkpoint_cannot_be_written_leaves_nothing_behind(
+def _record(driver: Driver, uid: str) -> Path:
+    """Where the driver records claim `uid` as prepared."""
+    return driver.spec.plugins_dir / DRA_DRIVER / "claims" / f"{uid}.json"
+
+
+async def test_a_prepare_whose_record_cannot_be_written_leaves_nothing_behind(
     short_tmp: Path, tree: SysfsTree
 ) -> None:
-    """Its CDI spec stayed (nothing removes it if the pod goes away before a retry), and the
-    log said the claim was prepared; a retry once the checkpoint can be written succeeds."""
+    """The claim is answered not prepared, its spec removed (nothing would remove it if its
+    pod went away before a retry), nothing said prepared; a retry once the record can be
+    written succeeds."""
     result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
-    api = OddApi(short_tmp, 200, _claim(result))
+    api = OddApi(short_tmp, 200, claim(result))
     driver = Driver(short_tmp, tree, api.url)
-    checkpoint = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
+    record = _record(driver, "u-1")
     spec = driver.spec.cdi_dir / f"{DRA_DRIVER}-u-1.json"
     await driver.start()
     try:
-        checkpoint.mkdir()  # a checkpoint that cannot be written (a full or read-only disk)
-        failed = await _prepare(driver, "u-1")
+        record.mkdir()  # a record that cannot be written (a full or read-only disk)
+        failed = await prepare(driver, "u-1")
         spec_after_failure = spec.exists()
         said_after_failure = driver.log.read_text()
-        checkpoint.rmdir()
-        retried = await _prepare(driver, "u-1")
+        record.rmdir()
+        retried = await prepare(driver, "u-1")
     finally:
         assert await driver.stop() == 0
         api.close()
 
     assert failed.error == (
-        f"cannot write the checkpoint {checkpoint}: is a directory, not a regular file: remove "
-        "it (only this driver writes it) (default/c not prepared: the kubelet asks again)"
+        f"claim default/c not prepared: cannot record it in {record.parent}: is a directory, "
+        "not a regular file: name a file to write (the kubelet asks again)"
     )
-    assert "prepared claim" not in said_after_failure  # it said "prepared", then the error
-    assert f"ERROR plugin.dra.servicer: {failed.error}" in said_after_failure
-    said = driver.log.read_text()
-    assert "INFO plugin.dra.prepare: prepared claim default/c (u-1): hca-0" in said
+    assert "prepared claim" not in said_after_failure
     assert not spec_after_failure
     assert retried.error == ""
     assert spec.exists()
-    assert "u-1" in json.loads(checkpoint.read_text())["claims"]
+    assert json.loads(record.read_text()) == {"namespace": "default", "name": "c", "uid": "u-1"}
+    assert (
+        "INFO plugin.dra.prepare: prepared claim default/c (u-1): hca-0" in driver.log.read_text()
+    )
 
 
-async def test_a_prepare_whose_spec_cannot_be_written_is_not_checkpointed(
+async def test_a_prepare_whose_spec_cannot_be_written_is_not_recorded(
     short_tmp: Path, tree: SysfsTree
 ) -> None:
     result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
-    api = OddApi(short_tmp, 200, _claim(result))
+    api = OddApi(short_tmp, 200, claim(result))
     driver = Driver(short_tmp, tree, api.url)
-    checkpoint = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
     await driver.start()
     try:
         (driver.spec.cdi_dir / f"{DRA_DRIVER}-u-1.json").mkdir()  # the spec cannot be written
-        failed = await _prepare(driver, "u-1")
+        failed = await prepare(driver, "u-1")
     finally:
         assert await driver.stop() == 0
         api.close()
 
     assert "u-1.json there is a directory, not a spec: move it away" in failed.error
-    claims = json.loads(checkpoint.read_text())["claims"] if checkpoint.exists() else {}
-    assert "u-1" not in claims
+    assert not _record(driver, "u-1").exists()
     assert "prepared claim default/c (u-1)" not in driver.log.read_text()
 
 
@@ -1126,18 +928,18 @@ async def test_an_unprepare_whose_spec_cannot_be_removed_names_the_cdi_dir_and_w
     """As a prepare that cannot write it says: the flag and the cause, not "[Errno 30] ...";
     the claim stays prepared, so the kubelet's next unprepare removes the spec."""
     result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
-    api = OddApi(short_tmp, 200, _claim(result))
+    api = OddApi(short_tmp, 200, claim(result))
     driver = Driver(short_tmp, tree, api.url)
     cdi_dir = driver.spec.cdi_dir
     cdi_dir.mkdir(parents=True, exist_ok=True)
     _run("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(cdi_dir))
     await driver.start()
     try:
-        assert not (await _prepare(driver, "u-1")).error
+        assert not (await prepare(driver, "u-1")).error
         _run("mount", "-o", "remount,ro", str(cdi_dir))
-        refused = await _unprepare(driver, "u-1")
+        refused = await unprepare(driver, "u-1")
         _run("mount", "-o", "remount,rw", str(cdi_dir))
-        again = await _unprepare(driver, "u-1")
+        again = await unprepare(driver, "u-1")
         left = list(cdi_dir.iterdir())
     finally:
         assert await driver.stop() == 0
@@ -1160,7 +962,7 @@ async def test_an_answer_for_another_claim_of_the_same_uid_is_not_used(
     short_tmp: Path, tree: SysfsTree
 ) -> None:
     result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
-    api = OddApi(short_tmp, 200, _claim(result, name="someone-elses"))
+    api = OddApi(short_tmp, 200, claim(result, name="someone-elses"))
     _, answer = await _prepared_against(api, short_tmp, tree)
 
     assert answer.error == (
@@ -1178,7 +980,7 @@ async def test_a_claim_answer_echoing_the_token_is_masked_in_the_answer_and_the_
     short_tmp: Path, tree: SysfsTree, name: str
 ) -> None:
     result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
-    api = OddApi(short_tmp, 200, _claim(result, name=name))
+    api = OddApi(short_tmp, 200, claim(result, name=name))
     driver, answer = await _prepared_against(api, short_tmp, tree)
 
     assert answer.error.startswith("the API server answered for claim default/c with 'default/")
@@ -1216,19 +1018,19 @@ async def test_a_claim_answer_echoing_the_token_is_masked_in_the_answer_and_the_
 async def test_a_claim_named_as_kubernetes_never_names_one_is_that_claims_error(
     short_tmp: Path, tree: SysfsTree, namespace: str, uid: str, name: str, said: str
 ) -> None:
-    api = OddApi(short_tmp, 200, _claim([]))  # never asked: the name is refused first
+    api = OddApi(short_tmp, 200, claim([]))  # never asked: the name is refused first
     driver = Driver(short_tmp, tree, api.url)
     await driver.start()
-    claim = v1.Claim(namespace=namespace, uid=uid, name=name)
+    named = v1.Claim(namespace=namespace, uid=uid, name=name)
     try:
         target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
         async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
             stub = v1_grpc.DRAPluginStub(channel)
             prepared = await stub.NodePrepareResources(
-                v1.NodePrepareResourcesRequest(claims=[claim]), timeout=30
+                v1.NodePrepareResourcesRequest(claims=[named]), timeout=30
             )
             unprepared = await stub.NodeUnprepareResources(
-                v1.NodeUnprepareResourcesRequest(claims=[claim]), timeout=30
+                v1.NodeUnprepareResourcesRequest(claims=[named]), timeout=30
             )
     finally:
         assert await driver.stop() == 0
@@ -1267,7 +1069,7 @@ async def test_a_pod_that_cannot_be_read_gives_its_claim_no_nccl_settings_and_th
         "reservedFor": [{"resource": "pods", "name": name, "uid": "p-1"}],
     }  # fmt: skip
     api = OddApi(
-        short_tmp, 200, _claim([], status), by_path={"/api/v1/namespaces/default/pods/p": pod}
+        short_tmp, 200, claim([], status), by_path={"/api/v1/namespaces/default/pods/p": pod}
     )
     driver, answer = await _prepared_against(api, short_tmp, tree)
 
@@ -1300,7 +1102,7 @@ async def test_pods_read_past_their_bound_give_no_nccl_settings_and_the_claim_is
     api = OddApi(
         short_tmp, 200, b'{"metadata": {"uid": "p-any"}, "spec": {"hostNetwork": true}}',
         by_path={"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c":
-                 _claim([], status)},
+                 claim([], status)},
         slow_under=("/api/v1/namespaces/default/pods/", POD_READS_WITHIN / 2),
     )  # fmt: skip
     driver, answer = await _prepared_against(api, short_tmp, tree)
@@ -1318,38 +1120,6 @@ async def test_pods_read_past_their_bound_give_no_nccl_settings_and_the_claim_is
     ) in driver.log.read_text()
 
 
-def _checkpoint(driver: Driver, claims: dict[str, object]) -> Path:
-    path = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"version": CHECKPOINT_VERSION, "claims": claims}))
-    return path
-
-
-def _entry(uid: str, **spec: object) -> dict[str, Any]:
-    """A checkpoint entry as the driver writes it for claim `uid` (one device, hca-0), with
-    `spec`'s keys replaced."""
-    device = f"{uid}-hca-0"
-    return {
-        "namespace": "default",
-        "name": "c",
-        "devices": [{"request_names": ["r"], "pool_name": "node-a", "device_name": "hca-0",
-                     "cdi_device_ids": [f"rdma.lingjun-rdma.io/hca={device}"]}],
-        "spec": {"cdiVersion": "0.6.0", "kind": "rdma.lingjun-rdma.io/hca",
-                 "devices": [{"name": device, "containerEdits": {
-                     "deviceNodes": [], "env": ["LINGJUN_RDMA_HCAS=mlx5_0"]}}],
-                 **spec},
-    }  # fmt: skip
-
-
-def _good(driver: Driver) -> dict[str, Any]:
-    """The entry prepare writes for u-1 (hca-0: both HCAs, off the host network) on the
-    two-mlx5 tree."""
-    dev = driver.spec.dev_root / "infiniband"
-    nodes = [{"path": f"/dev/infiniband/{n}", "hostPath": str(dev / n), "permissions": "rw"}
-             for n in ("rdma_cm", "uverbs0", "umad0", "uverbs1", "umad1")]  # fmt: skip
-    return _entry("u-1", **_edits(nodes, "u-1", env=["LINGJUN_RDMA_HCAS=mlx5_0,mlx5_1"]))
-
-
 async def _prepared_against(
     api: OddApi, root: Path, tree: SysfsTree
 ) -> tuple[Driver, v1.NodePrepareResourceResponse]:
@@ -1357,201 +1127,16 @@ async def _prepared_against(
     driver = Driver(root, tree, api.url)
     await driver.start()
     try:
-        return driver, await _prepare(driver, "u-1")
+        return driver, await prepare(driver, "u-1")
     finally:
         assert await driver.stop() == 0
         api.close()
-
-
-async def _prepare(driver: Driver, uid: str, name: str = "c") -> v1.NodePrepareResourceResponse:
-    target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
-    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
-        answer = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
-            v1.NodePrepareResourcesRequest(
-                claims=[v1.Claim(namespace="default", uid=uid, name=name)]
-            ),
-            timeout=30,
-        )
-    return answer.claims[uid]
-
-
-async def _unprepare(driver: Driver, uid: str) -> v1.NodeUnprepareResourceResponse:
-    target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
-    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
-        answer = await v1_grpc.DRAPluginStub(channel).NodeUnprepareResources(
-            v1.NodeUnprepareResourcesRequest(
-                claims=[v1.Claim(namespace="default", uid=uid, name="c")]
-            ),
-            timeout=30,
-        )
-    return answer.claims[uid]
-
-
-def _edits(nodes: Sequence[object] = (), uid: str = "u-2", **edits: object) -> dict[str, Any]:
-    return {"devices": [{"name": f"{uid}-hca-0", "containerEdits": {
-        "deviceNodes": list(nodes), "env": [], **edits}}]}  # fmt: skip
-
-
-def _device(**fields: object) -> dict[str, Any]:
-    entry = _entry("u-2")
-    return {**entry, "devices": [{**entry["devices"][0], **fields}]}
-
-
-A_DISK = {"path": "/dev/infiniband/uverbs0", "hostPath": "/dev/sda", "permissions": "rw"}
-HOST_MOUNT = [{"hostPath": "/", "containerPath": "/host"}]
-
-
-@pytest.mark.parametrize(
-    ("uid", "entry"),
-    [("u-2", _entry("u-2", devices=5)),
-     ("u-2", _entry("u-2", kind="vendor.example/gpu")),
-     ("u-2", _entry("u-2", cdiVersion="9.9.9")),
-     ("u-2", _entry("u-2", **_edits(mounts=HOST_MOUNT))),
-     ("u-2", _entry("u-2", containerEdits={"mounts": HOST_MOUNT})),
-     ("u-2", _entry("u-2", **_edits([A_DISK]))),
-     ("u-2", _entry("u-2", **_edits(env=["LD_PRELOAD=/tmp/evil.so"]))),
-     ("u-2", _device(cdi_device_ids=["nvidia.com/gpu=all"])),
-     ("u-2", _device(pool_name=1)),
-     ("u-2", _device(device_name=None)),
-     ("u-2", _device(device_name="../../x")),
-     ("u-2", {**_entry("u-2"), "devices": []}),
-     ("u-2", {**_entry("u-2"), "namespace": "../x"}),
-     ("../../u-2", _entry("../../u-2"))],
-    ids=["devices-not-a-list", "another-kind", "another-cdi-version", "a-host-mount",
-         "a-spec-wide-host-mount", "a-disk-as-a-device-node", "ld-preload",
-         "another-vendors-device-id", "pool-a-number", "device-name-null", "device-name-a-path",
-         "no-device", "namespace-a-path", "uid-a-path"],
-)  # fmt: skip
-async def test_a_checkpoint_entry_not_as_the_driver_writes_it_is_left_out_the_rest_kept(
-    short_tmp: Path, tree: SysfsTree, uid: str, entry: object
-) -> None:
-    """Only what prepare writes is read back: a forged entry would reach the runtime (another
-    vendor's devices, the host's /, a loader env) or fail the claim with a traceback."""
-    api = _api_allocating(short_tmp)  # it has u-1 only
-    driver = Driver(short_tmp, tree, api.url)
-    _checkpoint(driver, {"u-1": _good(driver), uid: entry})
-    await driver.start()
-    try:
-        kept, left_out = await _prepare(driver, "u-1"), await _prepare(driver, "u-2")
-    finally:
-        assert await driver.stop() == 0
-        api.close()
-
-    assert kept.error == ""
-    assert [d.device_name for d in kept.devices] == ["hca-0"]
-    assert "has UID 'u-1', not u-2" in left_out.error  # prepared afresh: the API has no u-2
-    assert not left_out.devices
-    assert not (driver.spec.cdi_dir / "rdma.lingjun-rdma.io-u-2.json").exists()
-    log = driver.log.read_text()
-    assert f"claim '{uid}' is not as this driver writes it: left out" in log
-    assert "Traceback" not in log
 
 
 def _api_allocating(root: Path, device: str = "hca-0") -> OddApi:
     """An API server that has claim default/c (u-1) allocated `device` of node-a."""
     result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": device}]
-    return OddApi(root, 200, _claim(result))
-
-
-def _forged(driver: Driver, how: str) -> dict[str, Any]:
-    """u-1's real entry with one thing changed that its shape does not show."""
-    entry = _good(driver)
-    (device,) = entry["devices"]
-    edits = entry["spec"]["devices"][0]["containerEdits"]
-    nodes = edits["deviceNodes"]
-    if how == "another-hcas-node":
-        nodes[1] = {**nodes[1], "path": "/dev/infiniband/uverbs1",
-                    "hostPath": nodes[1]["hostPath"].replace("uverbs0", "uverbs1")}  # fmt: skip
-    elif how == "a-node-not-on-the-node":
-        nodes.append({**nodes[1], "path": "/dev/infiniband/uverbs49",
-                      "hostPath": nodes[1]["hostPath"].replace("uverbs0", "uverbs49")})  # fmt: skip
-    elif how == "another-hca-named":
-        edits["env"] = ["LINGJUN_RDMA_HCAS=mlx5_7"]
-    elif how == "one-of-its-hcas-only":
-        del nodes[3:]
-        edits["env"] = ["LINGJUN_RDMA_HCAS=mlx5_0"]
-    elif how == "nccl-settings-for-a-pod-off-the-host-network":
-        edits["env"] += ["NCCL_IB_HCA==mlx5_0:1", "NCCL_IB_GID_INDEX=1"]
-    elif how == "an-nccl-value-never-written":
-        edits["env"] += ["NCCL_SOCKET_IFNAME=$(reboot)"]
-    elif how == "another-claims-entry":
-        entry |= {"namespace": "kube-system", "name": "someone-else"}
-    elif how == "another-nodes-pool":
-        device["pool_name"] = "another-node"
-    elif how == "another-device-of-this-node":  # a real one, not the one the API allocated
-        device |= {"device_name": "hca-1", "cdi_device_ids": ["rdma.lingjun-rdma.io/hca=u-1-hca-1"]}
-        entry["spec"]["devices"][0]["name"] = "u-1-hca-1"
-    elif how == "a-device-not-on-the-node":
-        device |= {
-            "device_name": "hca-1000",
-            "cdi_device_ids": ["rdma.lingjun-rdma.io/hca=u-1-hca-1000"],
-        }
-        entry["spec"]["devices"][0]["name"] = "u-1-hca-1000"  # slots are hca-0..999
-    return entry
-
-
-@pytest.mark.parametrize(
-    "how",
-    ["another-hcas-node", "a-node-not-on-the-node", "another-hca-named",
-     "one-of-its-hcas-only", "nccl-settings-for-a-pod-off-the-host-network",
-     "an-nccl-value-never-written", "another-claims-entry", "another-nodes-pool",
-     "another-device-of-this-node", "a-device-not-on-the-node"],
-)  # fmt: skip
-async def test_a_checkpoint_entry_of_our_shape_but_not_what_we_would_write_is_prepared_afresh(
-    short_tmp: Path, tree: SysfsTree, how: str
-) -> None:
-    """Shaped as prepare writes it, but not what prepare writes for this claim on this node
-    (the API allocated it hca-0): nothing of it reaches the runtime, the claim is prepared
-    afresh from the API."""
-    api = _api_allocating(short_tmp)
-    driver = Driver(short_tmp, tree, api.url)
-    _checkpoint(driver, {"u-1": _forged(driver, how)})
-    await driver.start()
-    try:
-        answer = await _prepare(driver, "u-1")
-    finally:
-        assert await driver.stop() == 0
-        api.close()
-
-    assert answer.error == ""
-    assert [d.device_name for d in answer.devices] == ["hca-0"]
-    spec = json.loads((driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")).read_text())
-    (device,) = spec["devices"]
-    assert device["name"] == "u-1-hca-0"
-    assert device["containerEdits"]["env"] == ["LINGJUN_RDMA_HCAS=mlx5_0,mlx5_1"]  # afresh
-    log = driver.log.read_text()
-    assert "claim default/c (u-1) is not what this driver writes for it on this node now " in log
-    assert "Traceback" not in log
-
-
-async def test_a_checkpoint_entry_is_not_handed_out_until_the_api_confirms_it(
-    short_tmp: Path, tree: SysfsTree
-) -> None:
-    """Read back, an entry is used once the claim's allocation in the API says the same; with
-    the API away it is that claim's error (the kubelet retries), never the entry's own say."""
-    driver = Driver(short_tmp, tree)  # no API server
-    _checkpoint(driver, {"u-1": _good(driver)})
-    await driver.start()
-    try:
-        answer = await _prepare(driver, "u-1")
-    finally:
-        assert await driver.stop() == 0
-
-    assert answer.error.startswith("cannot read claim default/c: ")
-    assert not answer.devices
-    assert not (driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")).exists()
-
-
-async def test_a_checkpoint_of_version_true_is_not_version_1(
-    short_tmp: Path, tree: SysfsTree
-) -> None:
-    driver = Driver(short_tmp, tree)
-    path = _checkpoint(driver, {"u-1": _good(driver)})
-    path.write_text(json.dumps({"version": True, "claims": {"u-1": _good(driver)}}))
-    await driver.start()
-    assert await driver.stop() == 0
-
-    assert "cannot be read (version True, not 1)" in driver.log.read_text()
+    return OddApi(root, 200, claim(result))
 
 
 @pytest.mark.parametrize(
@@ -1566,7 +1151,6 @@ async def test_what_is_not_our_spec_where_a_claims_spec_goes_is_that_claims_erro
 ) -> None:
     api = _api_allocating(short_tmp)
     driver = Driver(short_tmp, tree, api.url)
-    _checkpoint(driver, {"u-1": _good(driver)})
     path = driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")
     path.parent.mkdir(parents=True)
     if there == "dir":
@@ -1577,8 +1161,8 @@ async def test_what_is_not_our_spec_where_a_claims_spec_goes_is_that_claims_erro
         path.write_text("someone's notes\n")
     await driver.start()
     try:
-        answer = await _prepare(driver, "u-1")
-        unprepared = await _unprepare(driver, "u-1")
+        answer = await prepare(driver, "u-1")
+        unprepared = await unprepare(driver, "u-1")
     finally:
         assert await driver.stop() == 0
         api.close()
@@ -1596,19 +1180,20 @@ async def test_what_is_not_our_spec_where_a_claims_spec_goes_is_that_claims_erro
 async def test_a_stale_spec_of_ours_is_written_again(short_tmp: Path, tree: SysfsTree) -> None:
     api = _api_allocating(short_tmp)
     driver = Driver(short_tmp, tree, api.url)
-    _checkpoint(driver, {"u-1": _good(driver)})
-    path = driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({**_good(driver)["spec"], "devices": []}))
     await driver.start()
+    path = driver.spec.cdi_dir / spec_file(DRA_DRIVER, "u-1")
     try:
-        answer = await _prepare(driver, "u-1")
+        assert (await prepare(driver, "u-1")).error == ""
+        written = path.read_text()
+        path.write_text(json.dumps({**json.loads(written), "devices": []}))
+        answer = await prepare(driver, "u-1")
     finally:
         assert await driver.stop() == 0
         api.close()
 
     assert answer.error == ""
-    assert json.loads(path.read_text()) == _good(driver)["spec"]
+    assert path.read_text() == written
+    assert "claim default/c (u-1): its CDI spec written again (hca-0)" in driver.log.read_text()
 
 
 @contextlib.contextmanager
@@ -1757,16 +1342,15 @@ async def _one_run(
         assert await driver.stop() == 0
 
 
-async def test_the_claims_of_one_request_are_checkpointed_and_answered_after_a_restart(
+async def test_the_claims_of_one_request_are_recorded_and_answered_after_a_restart(
     short_tmp: Path, tree: SysfsTree
 ) -> None:
-    """The checkpoint is written once per request (it was per claim: 2000 claims wrote it
-    2000 times, each larger), before the answer: a restarted driver answers from it, once the
-    API confirms each entry (none is prepared again)."""
+    """Each claim is recorded before the answer: a restarted driver keeps their specs and
+    answers the same (each made afresh from the API), and says none prepared anew."""
     result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
     claims = {f"u-{i}": f"c{i}" for i in range(1, 4)}
     path = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/"
-    by_path = {path + name: _claim(result, uid=uid, name=name) for uid, name in claims.items()}
+    by_path = {path + name: claim(result, uid=uid, name=name) for uid, name in claims.items()}
     api = OddApi(short_tmp, 200, b"{}", by_path=by_path)
     driver = Driver(short_tmp, tree, api.url)
     request = v1.NodePrepareResourcesRequest(
@@ -1779,8 +1363,8 @@ async def test_the_claims_of_one_request_are_checkpointed_and_answered_after_a_r
         api.close()
 
     assert driver.log.read_text().count("prepared claim ") == 3  # the first run's only
-    checkpoint = driver.spec.plugins_dir / DRA_DRIVER / "checkpoint.json"
-    assert sorted(json.loads(checkpoint.read_text())["claims"]) == sorted(claims)
+    assert all(_record(driver, u).exists() for u in claims)
+    assert all((driver.spec.cdi_dir / spec_file(DRA_DRIVER, u)).exists() for u in claims)
     for answer in (first, again):
         got = {u: (a.error, [d.device_name for d in a.devices]) for u, a in answer.claims.items()}
         assert got == {u: ("", ["hca-0"]) for u in claims}

@@ -12,8 +12,8 @@ from plugin.config import PluginConfig, Pool, Selector
 from plugin.core import cdi
 from plugin.core import pool as policy
 from plugin.core.discovery.sysfs import SysfsDiscovery
+from plugin.dra.checkpoint import Checkpoint, ClaimRef
 from plugin.dra.devices import MAX_DEVICES_PER_SLICE, PCIE_ROOT_ATTRIBUTE, slice_devices, slices
-from plugin.dra.prepare import Prepared, PreparedDevice, load_checkpoint, save_checkpoint
 from tests.plugin.sysfs_tree import PortSpec, SysfsTree
 
 
@@ -162,25 +162,45 @@ def test_a_cdi_spec_holds_each_devices_nodes_and_env(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("dev_root", [Path("/dev"), Path("/tmp/node/dev")])
-def test_a_checkpoint_of_a_spec_the_driver_wrote_reads_back_whole(
+def test_every_spec_the_writer_makes_is_known_as_ours_where_the_nodes_dev_is(
     tmp_path: Path, dev_root: Path
 ) -> None:
-    """The checks that refuse a forged entry (a mount, a disk as a device node) pass every
-    spec cdi.spec writes for an allocation, wherever the node's /dev is."""
+    """The check that keeps a device someone else wrote out of a spec file of ours (a mount, a
+    disk as a device node) passes every device cdi.spec writes, wherever the node's /dev is."""
     tree = _tree(tmp_path)
     (view,) = _views(tree, Pool(name="hca"))
     kind = "rdma.lingjun-rdma.io/hca"
     spec = cdi.spec(kind, {"u-1-hca-0": policy.allocation(view, ("mlx5_0", "mlx5_1"), dev_root)})
-    claims = {
-        "u-1": Prepared(
-            "default",
-            "c",
-            (PreparedDevice(("r",), "p", "hca-0", (cdi.device_id(kind, "u-1-hca-0"),)),),
-            spec,
-        )
-    }
-    path = tmp_path / "checkpoint.json"
-    save_checkpoint(path, claims)
+    (device,) = spec["devices"]  # type: ignore[misc]
 
-    assert load_checkpoint(path, kind, dev_root) == claims
-    assert load_checkpoint(path, kind, Path("/elsewhere/dev")) == {}
+    assert cdi.is_ours(device, "u-1-hca-0", dev_root / "infiniband")
+    assert not cdi.is_ours(device, "u-1-hca-0", Path("/elsewhere/dev/infiniband"))
+
+
+def test_records_are_read_back_as_written_and_removed_for_good(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(tmp_path / "claims")
+    assert checkpoint.load() == {}
+    one, two = ClaimRef("default", "u-1", "c1"), ClaimRef("ns", "u-2", "c.2")
+    checkpoint.add(one)
+    checkpoint.add(two)
+    checkpoint.remove("u-1")
+    checkpoint.remove("u-9")  # never recorded: nothing to do
+
+    assert Checkpoint(tmp_path / "claims").load() == {"u-2": two}
+    assert sorted(p.name for p in (tmp_path / "claims").iterdir()) == ["u-2.json"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"namespace": "default", "name": "c", "uid": "u-other"}',
+     '{"namespace": "../x", "name": "c", "uid": "u-1"}',
+     '{"namespace": "default", "name": "c", "uid": "u-1", "spec": {}}',
+     "[]", "{not json"],
+    ids=["another-uid", "namespace-a-path", "more-fields", "a-list", "not-json"],
+)  # fmt: skip
+def test_a_file_among_the_records_that_is_not_one_is_not_counted(tmp_path: Path, text: str) -> None:
+    (tmp_path / "claims").mkdir()
+    (tmp_path / "claims" / "u-1.json").write_text(text)
+
+    assert Checkpoint(tmp_path / "claims").load() == {}
+    assert (tmp_path / "claims" / "u-1.json").read_text() == text  # kept as it is
