@@ -5,8 +5,9 @@ cluster, interleaved, so their ratio is measured under the same load.
     LINGJUN_E2E_BIN=$(tests/e2e/peers.sh | tail -n1) python -m benchmarks.dra_bench
 
 D1  NodePrepareResources over the driver's gRPC socket, one claim a call as the kubelet sends
-    them: a first prepare (read the claim, write its CDI spec and the checkpoint) and a repeat
-    (idempotent: made afresh from the API, its spec and record already there). The claims are made and allocated through the API.
+    them: a first prepare (read the claim, write its CDI spec and its record) and a repeat
+    (idempotent: made afresh from the API, its spec and record already there). The claims are
+    made and allocated through the API.
 D2  pod create -> Running, scheduled by the scheduler: a claim of a shared device vs `rdma/hca: 1`
     of the device plugin, host network, the same busybox container.
 D3  an exclusive HCA's port going down -> its device gone from the node's ResourceSlice, and back

@@ -51,11 +51,13 @@ from plugin.config import ConfigError
 from plugin.core.terminal import Parser, one_line, say, write_stdout
 from plugin.core.userfiles import (
     MAX_FILE_BYTES,
+    TEMP_MARK,
     UnreadableError,
     on_read_only_fs,
     read_text,
     shown,
     staged,
+    temp_of,
     user_name,
 )
 
@@ -172,6 +174,9 @@ def check_out(out: Path) -> None:
             f"--out {out}: its {MARKER} {written}, so nothing there is known to be a render's: "
             "move the files away, or name a new or empty directory"
         )
+    for name in [n for n in entries if _render_temp(n)]:  # a render killed while writing here
+        (out / name).unlink(missing_ok=True)
+        entries.remove(name)
     ours = {MARKER}
     foreign = [
         n for n in entries if n not in ours and (n not in written or _digest(out / n) != written[n])
@@ -182,6 +187,52 @@ def check_out(out: Path) -> None:
             f"--out {out}: holds files a render did not write, or changed since ({shown}): it "
             "would be replaced as a whole; move them away, or name a new or empty directory"
         )
+
+
+def _render_temp(name: str) -> bool:
+    """A temp file a render makes for one of its files when it writes in place."""
+    target, mark, _ = name[1:].partition(TEMP_MARK)
+    return (
+        name.startswith(".")
+        and bool(mark)
+        and (target == MARKER or _RENDER_NAME.fullmatch(target) is not None)
+        and temp_of(target, name)
+    )
+
+
+# What a render names the directories it makes beside --out: its staging dir, and the old
+# render's while the new one is swapped in. Its pid is in the name: one a killed render left is
+# removed by the next render there, never one a render still running uses.
+_STAGING = re.compile(r"\.render-(?P<pid>[0-9]{1,10})-[A-Za-z0-9_]{8}(?P<old>\.old)?")
+
+
+def _remove_leftovers(parent: Path) -> None:
+    """The staging and old dirs that renders killed midway left in `parent`: a staging dir
+    holds only what that render wrote; an old one is removed as a render (what else appeared in
+    it is kept, and the dir with it)."""
+    left: list[tuple[Path, re.Match[str]]] = []
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        left = [
+            (Path(e.path), m) for e in entries
+            if (m := _STAGING.fullmatch(e.name)) and e.is_dir(follow_symlinks=False)
+        ]  # fmt: skip
+    for path, match in left:
+        if _alive(int(match["pid"])):
+            continue
+        if match["old"]:
+            _remove_render(path)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process, or a number no pid is: left alone
+    return True
 
 
 def _written(out: Path) -> dict[str, list[object]]:
@@ -315,7 +366,8 @@ def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any
     texts[MARKER] = json.dumps(marker, indent=1, sort_keys=True) + "\n"  # last: it lists the rest
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".render-", dir=out.parent))  # short: any fits
+        _remove_leftovers(out.parent)
+        staging = Path(tempfile.mkdtemp(prefix=f".render-{os.getpid()}-", dir=out.parent))
     except OSError:
         # a volume under a read-only root (docker run --read-only -v), or a directory of one's
         # own in one that is not (check_out found it writable)

@@ -18,7 +18,9 @@ from plugin.core.userfiles import (
     UnreadableError,
     file_kind,
     read_text,
+    remove_temps,
     shown,
+    temp_of,
     why_not_made,
     why_not_writable,
     write_atomically,
@@ -167,6 +169,8 @@ class SpecFile:
         self.host_dir = dev_root / "infiniband"
         self._devices: dict[str, object] = {}
         why = dir_problem(cdi_dir)
+        if why is None:  # what a write killed midway left of this file (its owner runs alone)
+            remove_temps(cdi_dir, lambda name: temp_of(file_name, name))
         # in a dir that is not one (a symlink loop), the file's own problem says nothing more
         self.problem = self._load() if why is None else None
         for problem in (self.problem, why and f"{why}: CDI allocations fail"):

@@ -15,7 +15,7 @@ import re
 import reprlib
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, cast
@@ -384,6 +384,16 @@ TEMP_MARK = ".tmp-"
 def temp_of(name: str, temp: str) -> bool:
     """Whether `temp` is a file `staged` made for a file called `name`."""
     return temp.startswith(f".{name[:_TEMP_NAME_MAX]}{TEMP_MARK}")
+
+
+def remove_temps(directory: Path, ours: Callable[[str], bool]) -> None:
+    """Remove the temp files in `directory` that `ours` names: left by a write that was killed
+    midway (the caller is their files' only writer)."""
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            if ours(entry.name) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
 
 
 # Room in a 255-byte name for the dot, the mark and mkstemp's 8 random characters.

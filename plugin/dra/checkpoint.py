@@ -10,7 +10,6 @@ that was never answered, and is removed."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from plugin.core.userfiles import (
     TEMP_MARK,
     UnreadableError,
     read_text,
+    remove_temps,
     shown,
     sync_dir,
     write_atomically,
@@ -86,10 +86,7 @@ class Checkpoint:
         """The claims recorded, after removing what a write killed midway left (temp files)
         and reading an earlier version's single file into records."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        for entry in os.scandir(self.directory):
-            if entry.name.startswith(".") and TEMP_MARK in entry.name:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
+        remove_temps(self.directory, lambda name: name.startswith(".") and TEMP_MARK in name)
         claims: dict[str, ClaimRef] = {}
         for entry in os.scandir(self.directory):
             uid = entry.name.removesuffix(".json")

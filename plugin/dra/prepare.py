@@ -27,7 +27,14 @@ from plugin.core.gidchoice import NoGidError, choose
 from plugin.core.kubeapi import KubeApi, KubeApiError
 from plugin.core.netaddrs import namespace_addresses
 from plugin.core.secret import masked
-from plugin.core.userfiles import TEMP_MARK, UnreadableError, read_text, shown, why_not_writable
+from plugin.core.userfiles import (
+    TEMP_MARK,
+    UnreadableError,
+    read_text,
+    remove_temps,
+    shown,
+    why_not_writable,
+)
 from plugin.dra.checkpoint import SUBDOMAIN, UID, Checkpoint, ClaimRef
 from plugin.dra.devices import SliceDevice, slice_devices
 from plugin.launch import HCAS_ENV, family_for
@@ -106,11 +113,9 @@ class Preparer:
             entries = list(os.scandir(self.cdi_dir))
         except OSError:
             return  # a CDI dir that cannot be read is said at start (cdi.dir_problem)
+        remove_temps(self.cdi_dir, lambda name: name.startswith(f".{prefix}") and TEMP_MARK in name)
         for entry in entries:
             path = Path(entry.path)
-            if entry.name.startswith(f".{prefix}") and TEMP_MARK in entry.name:
-                path.unlink(missing_ok=True)
-                continue
             uid = entry.name.removeprefix(prefix).removesuffix(".json")
             if (
                 entry.name == spec_file(self.driver, uid)

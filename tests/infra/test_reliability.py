@@ -1506,6 +1506,57 @@ def test_a_volume_under_a_read_only_root_is_rendered_in_place(tmp_path: Path) ->
     assert "plan.md" in [p.name for p in again]
 
 
+def test_temp_files_a_killed_render_left_in_a_mount_point_are_removed_by_the_next(
+    mounted_out: Path,
+) -> None:
+    """Every later render refused them as files it did not write, for good. A temp file of a
+    name a render never writes is someone's: still refused."""
+    render("dev", mounted_out)
+    (mounted_out / ".plan.md.tmp-k2j4h6g8").write_text("# half")
+    (mounted_out / f".{MARKER}.tmp-a1b2c3d4").write_text('{"fi')
+    render("dev", mounted_out)
+    (mounted_out / ".notes.txt.tmp-a1b2c3d4").write_text("mine")
+    with pytest.raises(OutputError, match=r"\.notes\.txt\.tmp-a1b2c3d4"):
+        render("dev", mounted_out)
+
+    assert not [
+        p.name for p in mounted_out.iterdir() if ".tmp-" in p.name and "notes" not in p.name
+    ]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_what_killed_renders_left_beside_out_is_removed_by_the_next_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """A staging dir and an old render's dir whose render is dead; a live render's staging dir
+    and an old dir holding someone's file stay (9 dirs after 20 kills were left for good)."""
+    out = tmp_path / "out"
+    render("dev", out)
+    dead, alive = _dead_pid(), os.getpid()
+    staging = tmp_path / f".render-{dead}-abcd1234"
+    staging.mkdir()
+    (staging / "plan.md").write_text("# half")
+    old = tmp_path / f".render-{dead}-abcd1234.old"
+    shutil.copytree(out, old)
+    kept_old = tmp_path / f".render-{dead}-efgh5678.old"
+    shutil.copytree(out, kept_old)
+    (kept_old / "mywork.txt").write_text("precious")
+    running = tmp_path / f".render-{alive}-ijkl9012"
+    running.mkdir()
+
+    render("dev", out)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["out", kept_old.name, running.name]
+    )
+    assert [p.name for p in kept_old.iterdir()] == ["mywork.txt"]
+
+
 def test_a_read_only_mount_point_as_out_says_so(mounted_out: Path, tmp_path: Path) -> None:
     subprocess.run(["mount", "-o", "remount,ro", str(mounted_out)], check=True)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from plugin.core.cdi import SpecFile
 from plugin.deviceplugin.api.v1beta1 import api_pb2
 from plugin.launch import DRA_DRIVER, cdi_kind
 from tests.plugin.kubelet_peer import KubeletPeer, Registration
@@ -196,3 +197,19 @@ async def test_a_device_in_its_spec_file_that_it_never_writes_is_dropped_and_sai
     assert f"{path}: devices not as this plugin writes them, removed from it: 'hca_mlx5_9'" in (
         plugin.output()
     )
+
+
+def test_temp_files_a_killed_write_left_of_its_spec_are_removed_and_only_those(
+    tmp_path: Path,
+) -> None:
+    name = "rdma.lingjun-rdma.io-rdma-hca.json"
+    (tmp_path / f".{name}.tmp-k2j4h6g8").write_text('{"cdiVer')  # ours, cut short by a kill
+    (tmp_path / ".nvidia.com-gpu.json.tmp-a1b2c3d4").write_text("{")  # another writer's
+    (tmp_path / f".{name}.notes").write_text("x")
+
+    SpecFile(tmp_path, name, cdi_kind(DRA_DRIVER), tmp_path / "dev")
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".nvidia.com-gpu.json.tmp-a1b2c3d4",
+        f".{name}.notes",
+    ]
