@@ -29,6 +29,8 @@ OUT_OF_BUFFER_PER_SECOND = 1  # packets dropped for want of a posted receive
 RETRANSMIT_PER_SECOND = 10  # sequence-error NAKs and out-of-sequence packets: go-back-N resends
 ACK_TIMEOUT_PER_SECOND = 1  # a QP's ACK timer expired: a packet (or its ACK) was lost
 LINK_FLAPS = 2  # link downs in 30 minutes
+# How long a gone HCA is remembered by the alert on it across restarts of the plugin
+HCA_MEMORY = "1h"
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,19 @@ def alerts(
             "HCA {{ $labels.hca }} on {{ $labels.node }} is left out of {{ $labels.resource }}",
             "No port of it is ACTIVE, or it cannot be read: pods are not given it. The Node's "
             "Events (reason RdmaHcaUnhealthy) say which port and why.",
+        ),
+        Alert(
+            "RdmaHcaGone",
+            # the plugin holds a gone HCA's series at 0 (the alert above); this one covers a
+            # plugin restarted since, which no longer knows it: a series of the last hour that
+            # stopped while the plugin answers
+            f"(max_over_time(rdma_plugin_hca_healthy[{HCA_MEMORY}]) unless on({NODE}, resource, "
+            f'hca) rdma_plugin_hca_healthy) and on({NODE}) (up{{job="{job}"}} == 1)',
+            2,
+            "warning",
+            "HCA {{ $labels.hca }} of {{ $labels.resource }} is gone from {{ $labels.node }}",
+            "The plugin served it in the last hour and no longer sees it: unplugged, its driver "
+            "unloaded, or renamed. The Node's Events (reason RdmaHcaGone) say when; dmesg why.",
         ),
         Alert(
             "RdmaNoHealthyDevice",

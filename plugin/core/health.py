@@ -18,6 +18,7 @@ from plugin.core.linkstate import carrier_changes, without_carrier
 from plugin.core.metrics import Metrics
 from plugin.core.netmode import non_host_network_problems
 from plugin.core.problems import (
+    HCA_GONE,
     HCA_SKIPPED,
     HCA_UNHEALTHY,
     HCA_UNREADABLE,
@@ -60,6 +61,9 @@ class HealthWatcher:
         self._no_carrier: frozenset[str] = frozenset()
         self._inventory = Inventory()  # the last scan, as discovery read it
         self._views: list[policy.PoolView] = []  # the last ones made, kept where unchanged
+        # (pool's resource, HCA) each pool has held since start: one gone from the node since is
+        # a problem, and its health series stays, at 0, for the alert on it
+        self._served: set[tuple[str, str]] = set()
         self._fail_fast: asyncio.Task[None] | None = None
 
     def _make_views(self) -> list[policy.PoolView]:
@@ -134,7 +138,12 @@ class HealthWatcher:
         self, inventory: Inventory, views: list[policy.PoolView], conflicts: list[str]
     ) -> None:
         self.metrics.pool_conflicts.set(len(conflicts))
-        self.metrics.hca_healthy.clear()  # an HCA gone since the last scan leaves no sample
+        self.metrics.hca_healthy.clear()  # redrawn: an HCA gone is set to 0 below
+        present = {(v.pool.resource_name, h.name) for v in views for h in v.hcas}
+        self._served |= present
+        gone = sorted(self._served - present)
+        for resource, hca in gone:
+            self.metrics.hca_healthy.labels(resource, hca).set(0)
         for view in views:
             resource = view.pool.resource_name
             healthy = sum(d.healthy for d in view.devices)
@@ -151,6 +160,11 @@ class HealthWatcher:
         problems += [Problem(SCAN_ERROR, e) for e in inventory.errors]
         problems += [Problem(POOL_CONFLICT, c) for c in conflicts]
         problems += [Problem(HCA_UNREADABLE, p) for h in inventory.hcas for p in h.problems]
+        problems += [
+            Problem(HCA_GONE, f"{resource}: {hca}: served before, now gone from this node "
+                    "(unplugged, its driver unloaded, or renamed): pods are not given it")
+            for resource, hca in gone
+        ]  # fmt: skip
         for view in views:  # each HCA's own reason: a shared ID stays healthy without it
             resource = view.pool.resource_name
             reasons = [r for h in view.hcas if (r := h.unhealthy_reason()) is not None]

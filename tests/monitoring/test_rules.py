@@ -64,6 +64,8 @@ class Case:
     labels: str  # the series' labels but node
     bad: str  # promtool's expanding notation, one sample a minute
     good: str
+    beside: str = ""  # a series of both nodes the alert also reads (its labels but node)
+    beside_values: str = ""
 
 
 _PORT = 'hca="mlx5_0",port="1"'
@@ -74,6 +76,15 @@ CASES = {
     # a scan timestamp frozen at 0 vs one following the clock (a scan every minute)
     "RdmaScansFailing": Case("rdma_plugin_last_scan_timestamp_seconds", "", "0x20", "0+60x20"),
     "RdmaHcaUnhealthy": Case("rdma_plugin_hca_healthy", f'{_POOL},hca="mlx5_1"', "0x20", "1x20"),
+    # served for 5 minutes, then gone (a plugin restarted since has no series of it)
+    "RdmaHcaGone": Case(
+        "rdma_plugin_hca_healthy",
+        f'{_POOL},hca="mlx5_1"',
+        "1x5 _x15",
+        "1x20",
+        f'up{{job="{JOB}"}}',
+        "1x20",
+    ),
     "RdmaNoHealthyDevice": Case(
         "rdma_plugin_devices", f'{_POOL},health="Healthy"', "0x20", "1000x20"
     ),
@@ -93,6 +104,11 @@ CASES = {
 def _series(case: Case, node: str) -> str:
     labels = [x for x in (case.labels, f'node="{node}"') if x]
     return case.metric + "{" + ",".join(labels) + "}"
+
+
+def _beside(case: Case, node: str) -> str:
+    name, _, labels = case.beside.partition("{")
+    return f'{name}{{{labels.rstrip("}")},node="{node}"}}'
 
 
 def _labels(case: Case, severity: str) -> dict[str, str]:
@@ -124,6 +140,11 @@ def test_each_alert_fires_on_its_bad_series_and_not_on_the_healthy_one(
                 "input_series": [
                     {"series": _series(case, "bad"), "values": case.bad},
                     {"series": _series(case, "good"), "values": case.good},
+                    *(
+                        {"series": _beside(case, node), "values": case.beside_values}
+                        for node in ("bad", "good")
+                        if case.beside
+                    ),
                 ],
                 "alert_rule_test": [
                     {

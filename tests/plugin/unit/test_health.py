@@ -20,6 +20,7 @@ from plugin.core.discovery.model import CharDevices, Hca, Inventory, Port
 from plugin.core.health import HealthWatcher
 from plugin.core.metrics import Metrics
 from plugin.core.pool import PoolView
+from plugin.core.problems import Problem
 from plugin.deviceplugin.endpoint import Endpoint
 
 RTM_NEWLINK, IFF_UP, IFF_LOWER_UP = 16, 0x1, 0x10000
@@ -153,10 +154,13 @@ def hca_health(metrics: Metrics) -> dict[str, float]:
     }
 
 
-async def test_each_hcas_health_is_a_gauge_and_an_hca_gone_leaves_none() -> None:
+async def test_each_hcas_health_is_a_gauge_and_an_hca_gone_stays_at_0_said_until_back() -> None:
+    """A vanished HCA's series simply went away: the alert on `== 0` never fired, no line, no
+    Event, rdma_plugin_problems 0."""
     discovery = HeldDiscovery()
     metrics = Metrics()
-    watcher, _ = watched(discovery, metrics)
+    said: list[Sequence[Problem]] = []
+    watcher = HealthWatcher(discovery, PluginConfig(), metrics, 600, _ignore, said.append)
     await watcher.rescan()
     assert hca_health(metrics) == {"mlx5_0": 1.0, "mlx5_1": 1.0}
 
@@ -164,11 +168,28 @@ async def test_each_hcas_health_is_a_gauge_and_an_hca_gone_leaves_none() -> None
     await watcher.rescan()
     assert hca_health(metrics) == {"mlx5_0": 1.0, "mlx5_1": 0.0}
 
-    discovery.inventory = dataclasses.replace(
-        discovery.inventory, hcas=discovery.inventory.hcas[:1]
-    )
+    both = discovery.inventory
+    discovery.inventory = dataclasses.replace(both, hcas=both.hcas[:1])
     await watcher.rescan()
-    assert hca_health(metrics) == {"mlx5_0": 1.0}
+    assert hca_health(metrics) == {"mlx5_0": 1.0, "mlx5_1": 0.0}
+    assert said[-1] == [
+        Problem(
+            "RdmaHcaGone",
+            "rdma/hca: mlx5_1: served before, now gone from this node (unplugged, its driver "
+            "unloaded, or renamed): pods are not given it",
+        )
+    ]
+    assert "rdma_plugin_problems 1.0" in metrics.render().decode()
+
+    watcher.on_link_message(link_message("eth1", carrier=True))
+    discovery.inventory = both
+    await watcher.rescan()
+    assert hca_health(metrics) == {"mlx5_0": 1.0, "mlx5_1": 1.0}
+    assert said[-1] == []
+
+
+async def _ignore(views: Sequence[PoolView]) -> None:
+    del views
 
 
 async def test_the_scan_summary_counts_the_hcas_a_pod_could_use(
