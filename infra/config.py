@@ -36,6 +36,7 @@ from infra.keys import config_set as _set
 from infra.keys import config_set_items as _set_items
 from infra.keys import qualified as _key
 from infra.pluginbridge import plugin_config, plugin_launch
+from infra.stackfiles import project_defaults
 from plugin.config import PluginConfig
 from plugin.core.userfiles import described
 from plugin.launch import DraLaunchSpec, LaunchSpec
@@ -236,6 +237,7 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
     deadline, timeout_problems = _timeouts(k)
     launch, launch_problems = plugin_launch(k)
     problems = [
+        *_unused(k, {key for key, value in raw.items() if value != project_defaults().get(key)}),
         *_check_network_mode(k),
         *_check_api(k),
         *_check_monitoring(k),
@@ -246,6 +248,7 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
         *image_problems,
         *reference_problems,
         *sample_problems,
+        *_check_nodes(k, samples),
         *timeout_problems,
     ]
     if problems or cluster is None or image is None or plugin is None or launch is None:
@@ -271,6 +274,34 @@ def _plaintext_credentials(raw: Mapping[str, str], secret: Set[str]) -> list[str
         f"{_key(key)}: {why}: set it as a secret (pulumi config set --secret {_key(key)} "
         + ("< ~/.kube/config)" if key == KUBECONFIG else "<password>)")
         for key, why in plaintext_problems(raw, secret)
+    ]
+
+
+# The keys only a created cluster reads, and of those, the ones only a created node group reads.
+_CREATE_ONLY = ("kubernetesVersion", "zoneIds", "vpcCidr", "vswitchCidrs", "serviceCidr", "ipv6",
+                "lingjunClusterId", "lingjunNodeGroupId", "lingjunNodeCount")  # fmt: skip
+_NEW_GROUP_ONLY = ("lingjunMachineType", "lingjunImageId", "lingjunHpnZone")
+
+
+def _unused(k: Keys, chosen: Set[str]) -> list[str]:
+    """A key the stack sets (to other than its default) that its mode ignores is refused: its
+    author believes it applied. `chosen`: the keys set to other than Pulumi.yaml's default."""
+    needs: dict[str, str] = {}
+    if not k.creates_cluster:
+        adopt = "this stack adopts its cluster"
+        needs |= {key: adopt for key in (*_CREATE_ONLY, *_NEW_GROUP_ONLY)}
+    elif k.lingjun_node_group_id is not None:
+        needs |= {key: f"this stack adopts {_key('lingjunNodeGroupId')}" for key in _NEW_GROUP_ONLY}
+    if k.rdma_api == "dra":
+        needs["rdmaResourceName"] = (
+            f"{_key('rdmaApi')} is dra: pods ask by claim, the DeviceClasses name the devices"
+        )
+    if not k.sample_jobs:
+        needs["jobAwaitTimeout"] = f"{_key('sampleJobs')} deploys no Job"
+    return [
+        f"{_key(key)}: not used: {why} (pulumi config rm {_key(key)})"
+        for key, why in needs.items()
+        if key in chosen
     ]
 
 
@@ -674,6 +705,19 @@ def _timeouts(k: Keys) -> tuple[int | None, list[str]]:
     return deadline, problems + [
         f"{p}, or unset it to skip awaiting (pulumi config rm {_key('jobAwaitTimeout')})"
         for p in job_problems
+    ]
+
+
+def _check_nodes(k: Keys, samples: tuple[SampleJob, ...]) -> list[str]:
+    """A sample whose pods need more nodes than the stack creates would stay Pending."""
+    if not k.creates_cluster:
+        return []  # an adopted cluster's nodes are not known before it is reached
+    return [
+        f"{_key('sampleJobs')}: {s.name} runs on {n} node{'s' if n > 1 else ''} at once, and "
+        f"{_key('lingjunNodeCount')} is {k.lingjun_node_count}: its pods would stay Pending "
+        f"{_set('lingjunNodeCount', str(n))}, or leave {s.name} out {_set_items('sampleJobs')}"
+        for s in samples
+        if (n := SAMPLES[s.name].build(s.image).nodes) > k.lingjun_node_count
     ]
 
 

@@ -51,7 +51,13 @@ from infra.config import parse_stack
 from infra.interrupt import children, deferred, descendants
 from infra.keys import PROJECT, PROJECT_DIR, StackConfigError
 from infra.program import run as program
-from infra.stackfiles import StackFileError, find_stack_file, stack_config, stack_name
+from infra.stackfiles import (
+    EscEnvironmentError,
+    StackFileError,
+    find_stack_file,
+    stack_config,
+    stack_name,
+)
 from plugin.core.secret import RUN, Mask, hold, masked
 from plugin.core.terminal import STOPS, Parser, escaped, one_line, say, write_stdout
 from plugin.core.userfiles import UnreadableError, described, read_text
@@ -398,6 +404,8 @@ def check_project(project_dir: Path, stack: str, action: str = "up") -> None:
         )
     try:  # as render refuses it: before the engine, whose program would end in a traceback
         values, secret = stack_config(stack, project_dir=project_dir)
+    except EscEnvironmentError:  # the engine opens them; the program checks what they give
+        return
     except StackFileError as exc:
         raise DeployError(str(exc)) from None
     try:

@@ -68,6 +68,11 @@ class RdmaJobSpec:
     tolerate_all: bool = True
     backoff_limit: int | None = None
 
+    @property
+    def nodes(self) -> int:
+        """The nodes its pods need at once: one each when they must not share one."""
+        return self.parallelism if self.one_per_node else 1
+
     def __post_init__(self) -> None:
         problem = reference_problem(self.image)
         if problem is not None:

@@ -4,6 +4,7 @@ defaults, then stacks/Pulumi.<stack>.yaml, then KEY=VALUE overrides (mocks read 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -32,6 +33,10 @@ from plugin.core.userfiles import (
 
 class StackFileError(ValueError):
     """A stack file, project file or override that cannot be read: one line naming it."""
+
+
+class EscEnvironmentError(StackFileError):
+    """A stack file that imports Pulumi ESC environments: only the Pulumi CLI opens them."""
 
 
 # What the Pulumi CLI accepts as a stack name.
@@ -85,16 +90,8 @@ def stack_config(
         )
         raise StackFileError(f"Pulumi.yaml: {what}: restore it (git checkout Pulumi.yaml)")
     values = _config_section(stack_file, project=False)
-    config: dict[str, str] = {}
+    config: dict[str, str] = {_qualify(k): v for k, v in _defaults(defaults).items()}
     secret_keys: list[str] = []
-    for key, schema in defaults.items():
-        if not isinstance(schema, dict):  # `key: value`, Pulumi's shorthand for a value
-            config[_qualify(key)] = _as_config_string(schema)
-        elif "default" in schema or "value" in schema:
-            declared = cast(dict[str, Any], schema)
-            config[_qualify(key)] = _as_config_string(
-                declared.get("value", declared.get("default"))
-            )
     in_file: set[str] = set()
     for key, value in values.items():
         if _qualify(key) in in_file:  # `region` and `lingjun-rdma:region`: one key
@@ -149,6 +146,27 @@ def stack_config(
     return config, secret_keys
 
 
+def _defaults(section: dict[str, Any]) -> dict[str, str]:
+    """What Pulumi.yaml's `config:` gives each key it declares a value or default for."""
+    found: dict[str, str] = {}
+    for key, schema in section.items():
+        if not isinstance(schema, dict):  # `key: value`, Pulumi's shorthand for a value
+            found[key] = _as_config_string(schema)
+        elif "default" in schema or "value" in schema:
+            declared = cast(dict[str, Any], schema)
+            found[key] = _as_config_string(declared.get("value", declared.get("default")))
+    return found
+
+
+@functools.cache
+def project_defaults() -> dict[str, str]:
+    """The default of each key of this project's namespace, as the CLI hands it to the program
+    (a key a stack sets to something else is that stack's choice)."""
+    section = _config_section(PROJECT_DIR / "Pulumi.yaml", project=True)
+    prefix = f"{PROJECT}:"
+    return {_qualify(k).removeprefix(prefix): v for k, v in _defaults(section).items()}
+
+
 # A config key as Pulumi spells one: `name`, or `namespace:name`.
 _CONFIG_KEY = re.compile(r"(?:[A-Za-z][A-Za-z0-9_.-]*:)?[A-Za-z][A-Za-z0-9_.-]*")
 # What a stack file holds besides `config:` (Pulumi's own keys for its secrets provider).
@@ -182,6 +200,13 @@ def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
         raise StackFileError(
             f"{where}: unknown top-level key, {name}: {fix} (the stack's settings go under "
             "`config:`)"
+        )
+    if not project and top.get("environment"):
+        raise EscEnvironmentError(
+            f"{where}: imports Pulumi ESC environments (`environment:`), whose values only the "
+            "Pulumi CLI can open: render reads stack files alone, and would check this stack "
+            "without them; give their keys under `config:` or with --set, or preview it with "
+            "the CLI (make deploy ACTION=preview)"
         )
     if project and top.get("stackConfigDir", STACKS_DIR) != STACKS_DIR:
         # the CLI would read the stacks elsewhere than render, deploy's checks and the tests

@@ -480,3 +480,42 @@ def test_what_only_creating_uses_is_checked_on_an_adopting_stack_too(
 ) -> None:
     """`local` adopts its cluster: these were accepted there without a word."""
     assert said in _error("local", **{key: value})
+
+
+@pytest.mark.parametrize(
+    ("stack", "overrides", "key", "why"),
+    [("local", {"lingjunNodeCount": "3"}, "lingjunNodeCount", "this stack adopts its cluster"),
+     ("local", {"vpcCidr": "10.0.0.0/16"}, "vpcCidr", "this stack adopts its cluster"),
+     ("local", {"zoneIds": '["cn-wulanchabu-b"]'}, "zoneIds", "this stack adopts its cluster"),
+     ("dev", {"lingjunClusterId": "eflo-1", "lingjunNodeGroupId": "ng-1"}, "lingjunMachineType",
+      "this stack adopts lingjun-rdma:lingjunNodeGroupId"),
+     ("dev", {"lingjunClusterId": "eflo-1", "lingjunNodeGroupId": "ng-1"}, "lingjunImageId",
+      "this stack adopts lingjun-rdma:lingjunNodeGroupId"),
+     ("local", {"rdmaApi": "dra", "rdmaResourceName": "rdma/roce"}, "rdmaResourceName",
+      "lingjun-rdma:rdmaApi is dra: pods ask by claim, the DeviceClasses name the devices"),
+     ("local", {"sampleJobs": "[]", "jobAwaitTimeout": "30m"}, "jobAwaitTimeout",
+      "lingjun-rdma:sampleJobs deploys no Job")],
+    ids=["node-count-adopted", "vpc-adopted", "zones-adopted", "machine-type-adopted-group",
+         "image-adopted-group", "resource-name-dra", "job-timeout-no-job"],
+)  # fmt: skip
+def test_a_key_the_stacks_mode_ignores_is_refused_naming_why(
+    stack: str, overrides: dict[str, str], key: str, why: str
+) -> None:
+    """`clusterId` on a create stack was refused, but the reverse passed silently."""
+    assert f"lingjun-rdma:{key}: not used: {why} (pulumi config rm lingjun-rdma:{key})" in (
+        _error(stack, **overrides)
+    )
+
+
+def test_a_key_set_to_its_default_in_a_mode_that_ignores_it_is_no_slip() -> None:
+    assert isinstance(parse(_raw("local", lingjunNodeCount="2")), StackConfig)
+
+
+def test_a_sample_needing_more_nodes_than_the_stack_creates_is_refused() -> None:
+    assert _error(lingjunNodeCount="1") == (
+        "lingjun-rdma:sampleJobs: perftest runs on 2 nodes at once, and "
+        "lingjun-rdma:lingjunNodeCount is 1: its pods would stay Pending (pulumi config set "
+        "lingjun-rdma:lingjunNodeCount 2), or leave perftest out (pulumi config set --path "
+        "'lingjun-rdma:sampleJobs[0]' perftest, then [1], ...; render: --set "
+        "'sampleJobs=[\"perftest\"]')"
+    )

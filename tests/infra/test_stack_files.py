@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
+from infra.deploy import check_project
 from infra.keys import PROJECT, PROJECT_DIR, known_keys
+from infra.stackfiles import EscEnvironmentError, stack_config
 from plugin.config import DEFAULT_MAX_ALLOCATIONS, DEFAULT_RESOURCE_NAME
 from plugin.launch import LaunchSpec
 from tests.infra.conftest import STACKS
@@ -127,3 +129,26 @@ def test_stack_files_use_only_known_keys(stack: str) -> None:
     keys = {k.removeprefix(f"{PROJECT}:") for k in _stack(stack)["config"]}
 
     assert keys <= known_keys(), sorted(keys - known_keys())
+
+
+def test_a_stack_importing_esc_environments_is_refused_by_render_and_left_to_the_cli(
+    tmp_path: Path,
+) -> None:
+    """Render ignored `environment:` and then blamed a key the environment sets; deploy leaves
+    it to the engine, which opens it."""
+    (tmp_path / "Pulumi.yaml").write_text((PROJECT_DIR / "Pulumi.yaml").read_text())
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "Pulumi.esc.yaml").write_text(
+        "environment: [lingjun/prod]\nconfig:\n  lingjun-rdma:clusterMode: existing\n"
+    )
+
+    with pytest.raises(EscEnvironmentError) as caught:
+        stack_config("esc", project_dir=tmp_path)
+    check_project(tmp_path, "esc")  # not refused
+
+    assert str(caught.value) == (
+        f"{tmp_path / 'stacks' / 'Pulumi.esc.yaml'}: imports Pulumi ESC environments (`environment:`), whose values only the Pulumi CLI "
+        "can open: render reads stack files alone, and would check this stack without them; "
+        "give their keys under `config:` or with --set, or preview it with the CLI (make deploy "
+        "ACTION=preview)"
+    )
