@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr
 from pydantic.alias_generators import to_camel
 
 from infra.jobs import SAMPLES
-from plugin.core.userfiles import MAX_DIGITS, described, unknown_key
+from plugin.core.userfiles import MAX_DIGITS, described, nearest_key
 
 PROJECT = "lingjun-rdma"
 PROJECT_DIR = Path(__file__).resolve().parent.parent  # Pulumi.yaml, stacks/
@@ -192,16 +192,9 @@ def unknown_key_problems(keys: Iterable[str]) -> list[str]:
             )
     unknown = sorted({k.removeprefix(prefix) for k in keys if k.startswith(prefix)} - KNOWN_KEYS)
     for key in unknown:
-        name, fix = unknown_key(key, KNOWN_KEYS)
-        if name == key:  # a misspelling: named, with the command that removes it
-            problems.append(
-                f"{qualified(key)}: unknown key: {fix} (pulumi config rm {qualified(key)})"
-            )
-        else:
-            problems.append(
-                f"{PROJECT}: {name}: unknown key: {fix} (`pulumi config` lists the stack's keys; "
-                f"known keys: {', '.join(sorted(KNOWN_KEYS))})"
-            )
+        near = nearest_key(key, KNOWN_KEYS)
+        fix = f"did you mean {near}?" if near else f"known keys: {', '.join(sorted(KNOWN_KEYS))}"
+        problems.append(f"{qualified(key)}: unknown key: {fix} (pulumi config rm {qualified(key)})")
     return problems
 
 

@@ -18,13 +18,13 @@ from infra.keys import (
     PROJECT,
     PROJECT_DIR,
     StackConfigError,
-    qualified,
     unknown_key_problems,
 )
 from plugin.core.userfiles import (
     ParseError,
     UnreadableError,
     described,
+    key_shown,
     parse_yaml,
     read_text,
     unknown_key,
@@ -173,8 +173,6 @@ _CONFIG_KEY = re.compile(r"(?:[A-Za-z][A-Za-z0-9_.-]*:)?[A-Za-z][A-Za-z0-9_.-]*"
 # Where the stack files are (Pulumi.yaml's stackConfigDir, which the CLI follows).
 STACKS_DIR = "stacks"
 _STACK_FILE_KEYS = {"config", "secretsprovider", "encryptedkey", "encryptionsalt", "environment"}
-# The keys a repeat of which is said by name: the stack file's own, and the project's.
-_NAMED = frozenset(_STACK_FILE_KEYS | set(KNOWN_KEYS) | {qualified(k) for k in KNOWN_KEYS})
 
 
 def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
@@ -183,7 +181,7 @@ def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
     where = path.relative_to(PROJECT_DIR) if path.is_relative_to(PROJECT_DIR) else path
     try:
         text = read_text(path)
-        doc: Any = parse_yaml(text, _NAMED)
+        doc: Any = parse_yaml(text)
     except (UnreadableError, ParseError) as exc:
         raise StackFileError(f"{where}: {exc}") from None
     if project and (not isinstance(doc, dict) or cast(dict[str, Any], doc).get("name") != PROJECT):
@@ -196,11 +194,12 @@ def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
     top = cast(dict[object, Any], doc)
     stray = [k for k in top if not project and k not in _STACK_FILE_KEYS]
     if stray:
-        name, fix = unknown_key(stray[0], _STACK_FILE_KEYS)
-        raise StackFileError(
-            f"{where}: unknown top-level key, {name}: {fix} (the stack's settings go under "
-            "`config:`)"
-        )
+        key = stray[0]
+        if isinstance(key, str) and key.removeprefix(f"{PROJECT}:") in KNOWN_KEYS:
+            fix = "a config key: indent it under `config:`"
+        else:
+            fix = f"{unknown_key(key, _STACK_FILE_KEYS)} (the stack's settings go under `config:`)"
+        raise StackFileError(f"{where}: unknown top-level key, {key_shown(key)}: {fix}")
     if not project and top.get("environment"):
         raise EscEnvironmentError(
             f"{where}: imports Pulumi ESC environments (`environment:`), whose values only the "
@@ -224,7 +223,7 @@ def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
     for key in cast(dict[object, Any], config):
         if not isinstance(key, str) or not _CONFIG_KEY.fullmatch(key):
             raise StackFileError(
-                f"{where}: {_place_of(text, key)}: config key {described(key)} is not a key "
+                f"{where}: {_place_of(text, key)}: config key {key_shown(key)} is not a key "
                 "(region, or namespace:key; a look-alike character pasted in, such as an en "
                 "dash for a hyphen, is not one: type it again)"
             )

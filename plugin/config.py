@@ -18,6 +18,7 @@ from plugin.core.userfiles import (
     ParseError,
     UnreadableError,
     described,
+    key_shown,
     parse_yaml,
     read_text,
     unknown_key,
@@ -323,7 +324,7 @@ def load_config(path: Path, *, explicit: bool) -> PluginConfig:
             f"--config {path}: cannot be read ({exc})", fix="point it at the plugin's YAML file"
         ) from None
     try:
-        data = parse_yaml(text, _KEYS)
+        data = parse_yaml(text)
     except ParseError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc})", fix="fix the syntax") from None
     if data is None:  # a ConfigMap key left empty, a file truncated: not a wish for defaults
@@ -345,10 +346,6 @@ def _camel(name: str) -> str:
     """A field's key in the file: max_allocations -> maxAllocations."""
     head, *rest = name.split("_")
     return head + "".join(w.capitalize() for w in rest)
-
-
-# Every key the file may hold: a repeat of one is said by name.
-_KEYS = frozenset(_camel(f.name) for cls in (PluginConfig, Pool, Selector) for f in fields(cls))
 
 
 class _Reader:
@@ -375,11 +372,9 @@ class _Reader:
             elif isinstance(key, str) and _camel(key) in names:
                 self._fail((*loc, key), "unknown key", f"the file spells it {_camel(key)}")
             else:
-                where, fix = unknown_key(key, names)
-                if where == key:  # a misspelling of a known key: named
-                    self._fail((*loc, where), "unknown key", fix, remove=True)
-                else:  # described where it is, not as if it were a place
-                    self._fail(loc, f"{where}: unknown key", fix, remove=True)
+                self._fail(
+                    (*loc, key_shown(key)), "unknown key", unknown_key(key, names), remove=True
+                )
         return read
 
     def _build(self, loc: Loc, make: Callable[[], _T]) -> _T | None:

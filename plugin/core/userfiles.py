@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import errno
-import functools
 import json
 import os
 import pwd
@@ -16,7 +15,6 @@ import reprlib
 import stat
 import tempfile
 from collections.abc import Callable, Iterable
-from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, cast
 
@@ -142,14 +140,13 @@ def _unquoted(message: str) -> str:
     return _QUOTED.sub(lambda m: f"({described(m.group(1))})", message)
 
 
-def parse_yaml(text: str, names: AbstractSet[str] = frozenset()) -> Any:
-    """YAML (JSON included) with no repeated key and no number over MAX_DIGITS digits; a
-    repeated key of `names` (the file's own keys) is named. A text that starts with `{` is
-    tried as JSON first: that needs no YAML parser (whose import costs a plugin start ~35 ms)."""
+def parse_yaml(text: str) -> Any:
+    """YAML (JSON included) with no repeated key and no number over MAX_DIGITS digits. A text
+    that starts with `{` is tried as JSON first: that needs no YAML parser (whose import costs a
+    plugin start ~35 ms)."""
     if text.lstrip().startswith("{"):
         try:
-            pairs = functools.partial(_unique_pairs, names)
-            return json.loads(text, object_pairs_hook=pairs, parse_int=_json_int)
+            return json.loads(text, object_pairs_hook=_unique_pairs, parse_int=_json_int)
         except json.JSONDecodeError:
             pass  # YAML flow style can start with `{` too: the YAML parser decides
         except (ParseError, RecursionError) as exc:
@@ -157,7 +154,6 @@ def parse_yaml(text: str, names: AbstractSet[str] = frozenset()) -> Any:
     import yaml
 
     loader = _strict_loader()(text)
-    loader.names = names
     try:
         node = loader.get_single_node()
         if node is None:
@@ -212,18 +208,15 @@ def _nested(exc: BaseException) -> str:
     return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
 
 
-def _twice(key: object, names: AbstractSet[str]) -> str:
-    """A repeated key: named when it is one of the file's known keys, else described (it may
-    be a value pasted in the wrong place, a secret one)."""
-    said = key if isinstance(key, str) and key in names else f"a key ({described(key)})"
-    return f"{said} given twice: keep one"
+def _twice(key: object) -> str:
+    return f"{key_shown(key)} given twice: keep one"
 
 
-def _unique_pairs(names: AbstractSet[str], pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise ParseError(_twice(key, names))
+            raise ParseError(_twice(key))
         result[key] = value
     return result
 
@@ -249,8 +242,6 @@ def _strict_loader() -> type:
     base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
     class StrictLoader(base):
-        names: AbstractSet[str] = frozenset()
-
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen: set[object] = set()
             for key_node, _ in node.value:
@@ -266,7 +257,7 @@ def _strict_loader() -> type:
                     raise ConstructorError(
                         None,
                         None,
-                        _twice(key, self.names),
+                        _twice(key),
                         key_node.start_mark,
                     )
             return base.construct_mapping(self, node, deep=deep)
@@ -425,19 +416,32 @@ def staged(path: Path, text: str) -> str:
     return tmp
 
 
-def unknown_key(key: object, known: Iterable[str]) -> tuple[str, str]:
-    """How a refusal names a key it does not know, and its fix. A key close to a known one is
-    a misspelling: named, with the known one. Any other is described, never quoted: what was
-    typed where a key goes may be a value, a secret among them."""
+# How a key is shown bare in a message: what a config key is made of.
+_BARE_KEY = re.compile(r"[A-Za-z0-9_.:/-]{1,80}")
+
+
+def key_shown(key: object) -> str:
+    """A key as a refusal names it: a key name is no secret, and naming it is what lets its
+    author find it. Bare when plain; quoted (escapes made visible, cut short) when not."""
+    if isinstance(key, str) and _BARE_KEY.fullmatch(key):
+        return key
+    return shown(key)
+
+
+def nearest_key(key: str, known: Iterable[str]) -> str | None:
+    """The known key `key` most likely meant: a misspelling in any letter case, or one cut
+    short (maxAlloc for rdmaMaxAllocations, poolMode for rdmaPoolMode)."""
+    folded = {k.casefold(): k for k in known}
+    typed = key.casefold()
+    close = difflib.get_close_matches(typed, list(folded), n=1, cutoff=0.75)
+    if not close and len(typed) >= 4:
+        close = sorted((k for k in folded if typed in k), key=len)
+    return folded[close[0]] if close else None
+
+
+def unknown_key(key: object, known: Iterable[str]) -> str:
+    """The fix for a key `known` does not hold: the nearest known key, when one is near."""
     if isinstance(key, str) and key.lstrip().startswith(("/*", "//")):
-        return (
-            "a comment (/* … */ or //), read as a key",
-            "JSON has no comments: remove it, or use YAML's #",
-        )
-    if isinstance(key, str):
-        close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
-        # a known key's start (maxAlloc) is a key cut short, not a value
-        close += [k for k in sorted(known) if len(key) >= 4 and k.startswith(key)]
-        if close:
-            return key, f"did you mean {close[0]}?"
-    return f"a key that is {described(key)}", "remove it or fix its spelling"
+        return "JSON has no comments: remove it, or use YAML's #"
+    near = nearest_key(key, known) if isinstance(key, str) else None
+    return f"did you mean {near}?" if near else "remove it or fix its spelling"

@@ -519,3 +519,18 @@ def test_a_sample_needing_more_nodes_than_the_stack_creates_is_refused() -> None
         "'lingjun-rdma:sampleJobs[0]' perftest, then [1], ...; render: --set "
         "'sampleJobs=[\"perftest\"]')"
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [("poolMode", "lingjun-rdma:poolMode: unknown key: did you mean rdmaPoolMode?"),
+     ("RDMAPOOLMODE", "lingjun-rdma:RDMAPOOLMODE: unknown key: did you mean rdmaPoolMode?"),
+     ("maxAlloc", "lingjun-rdma:maxAlloc: unknown key: did you mean rdmaMaxAllocations?")],
+    ids=["cut-at-its-start", "other-letter-case", "cut-at-both-ends"],
+)  # fmt: skip
+def test_an_unknown_key_is_named_with_the_known_one_it_is_near(key: str, said: str) -> None:
+    """ "poolMode" was "a key that is text of 8 characters", with no known key near it."""
+    with pytest.raises(StackConfigError) as refused:
+        stack_config("dev", [f"{key}=x"])
+
+    assert str(refused.value) == f"{said} (pulumi config rm lingjun-rdma:{key})"

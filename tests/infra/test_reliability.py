@@ -799,18 +799,23 @@ def _project_copy(tmp_path: Path, stack_file: str) -> Path:
 @pytest.mark.parametrize(
     ("stack_file", "said"),
     [
-        ("config:\n  123: x\n", "line 2, column 3: config key a number is not a key"),
-        ("config:\n  a: 1\n  ~: y\n", "line 3, column 3: config key nothing is not a key"),
+        ("config:\n  123: x\n", "line 2, column 3: config key 123 is not a key"),
+        ("config:\n  a: 1\n  ~: y\n", "line 3, column 3: config key None is not a key"),
         (  # an en dash pasted from a web page: its place, not its text (a value may be pasted)
             "config:\n  lingjun-rdma:region: cn-wulanchabu\n  lingjun\u2013rdma:rdmaPoolMode: x\n",
-            "x.yaml: line 3, column 3: config key text of 25 characters is not a key (region, or "
-            "namespace:key; a look-alike character pasted in, such as an en dash for a hyphen",
+            "x.yaml: line 3, column 3: config key 'lingjun\u2013rdma:rdmaPoolMode' is not a key "
+            "(region, or namespace:key; a look-alike character pasted in, such as an en dash for a "
+            "hyphen",
         ),
         (
             "confg:\n  lingjun-rdma:region: cn-wulanchabu\n",
             "unknown top-level key, confg: did you mean config?",
         ),
-        ("nothing: here\n", "unknown top-level key, a key that is text of 7 characters: remove"),
+        ("nothing: here\n", "unknown top-level key, nothing: remove it or fix its spelling"),
+        (
+            "lingjun-rdma:region: cn-wulanchabu\n",
+            "unknown top-level key, lingjun-rdma:region: a config key: indent it under `config:`",
+        ),
         (
             "config:\n  lingjun-rdma:region: !!binary Y24td3VsYW5jaGFidQ==\n",
             "x.yaml: line 2, column 3: lingjun-rdma:region: a binary value (YAML !!binary), not "
@@ -997,9 +1002,11 @@ def test_shared_ids_over_the_kubelets_message_limit_are_refused_before_planning(
 ) -> None:
     """100000 IDs of 46 characters take 4.4 MiB without any NUMA node: the kubelet would end
     every ListAndWatch. The DRA driver publishes slices instead: no such bound."""
+    # a name of 40 characters makes the IDs long; DRA names no resource (its key is refused)
+    name = [f"--set=rdmaResourceName=rdma/{'s' * 40}"] if api == "devicePlugin" else []
     done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--set=rdmaApi={api}",
                 "--set=kubernetesVersion=1.34.1-aliyun.1", "--set=rdmaMaxAllocations=100000",
-                f"--set=rdmaResourceName=rdma/{'s' * 40}", cwd=tmp_path)  # fmt: skip
+                *name, cwd=tmp_path)  # fmt: skip
 
     if refused:
         assert done.returncode == 1, done.stderr
@@ -1097,15 +1104,15 @@ def test_a_list_nested_too_deep_in_set_is_one_line(tmp_path: Path) -> None:
         ("config:\n  lingjun-rdma:region: cn-a\n  region: cn-b\n",
          "lingjun-rdma:region is given twice (with and without its namespace): keep one"),
         (f"config:\n  {SENTINEL}: a\n  {SENTINEL}: b\n",
-         "line 3, column 3: a key (text of 10 characters) given twice: keep one"),
+         f"line 3, column 3: {SENTINEL} given twice: keep one"),
         ("config:\n  lingjun-rdma:zoneIds: '[\"cn-a\"]'\n",
          "lingjun-rdma:zoneIds: text of 8 characters, not a YAML list"),
         (f"config:\n  lingjun-rdma:{SENTINEL}: x\n",
-         "lingjun-rdma: a key that is text of 10 characters: unknown key"),
+         f"lingjun-rdma:{SENTINEL}: unknown key: known keys: acrInstanceId, "),
         ("config: []\n", "`config:` is a list, not a mapping of keys to values"),
     ],
     ids=["key-twice", "unknown-key-repeated", "list-as-text",
-         "unknown-key-not-quoted", "config-an-empty-list"],
+         "unknown-key-named", "config-an-empty-list"],
 )  # fmt: skip
 def test_a_stack_file_the_cli_would_read_otherwise_is_refused(
     tmp_path: Path, stack_file: str, said: str
@@ -1116,7 +1123,6 @@ def test_a_stack_file_the_cli_would_read_otherwise_is_refused(
         stack_config("x", project_dir=project)
 
     assert said in str(refused.value)
-    assert SENTINEL not in str(refused.value)
 
 
 def test_an_adopted_clusters_keys_on_a_stack_that_creates_one_are_refused(tmp_path: Path) -> None:
@@ -1414,15 +1420,18 @@ def test_a_render_marker_nested_too_deep_is_someone_elses_file_not_a_traceback(
         render("dev", out)
 
 
-def test_a_key_given_twice_in_a_stack_file_is_not_quoted(tmp_path: Path) -> None:
+def test_a_key_given_twice_in_a_stack_file_is_named(tmp_path: Path) -> None:
+    """A key's name is no secret: named, its author finds it."""
     project = _project_copy(
         tmp_path, f"config:\n  lingjun-rdma:{SENTINEL}: a\n  lingjun-rdma:{SENTINEL}: b\n"
     )
 
-    with pytest.raises(StackFileError, match=r"line 3, column 3: a key \(text of") as refused:
+    with pytest.raises(StackFileError) as refused:
         stack_config("x", project_dir=project)
 
-    assert SENTINEL not in str(refused.value)
+    assert str(refused.value).endswith(
+        f"line 3, column 3: lingjun-rdma:{SENTINEL} given twice: keep one"
+    )
 
 
 @pytest.fixture

@@ -147,8 +147,8 @@ def test_a_stack_importing_esc_environments_is_refused_by_render_and_left_to_the
     check_project(tmp_path, "esc")  # not refused
 
     assert str(caught.value) == (
-        f"{tmp_path / 'stacks' / 'Pulumi.esc.yaml'}: imports Pulumi ESC environments (`environment:`), whose values only the Pulumi CLI "
-        "can open: render reads stack files alone, and would check this stack without them; "
-        "give their keys under `config:` or with --set, or preview it with the CLI (make deploy "
-        "ACTION=preview)"
+        f"{tmp_path / 'stacks' / 'Pulumi.esc.yaml'}: imports Pulumi ESC environments "
+        "(`environment:`), whose values only the Pulumi CLI can open: render reads stack files "
+        "alone, and would check this stack without them; give their keys under `config:` or "
+        "with --set, or preview it with the CLI (make deploy ACTION=preview)"
     )
