@@ -110,6 +110,43 @@ def token_in(config: PluginConfig) -> ConfigError | None:
     return None
 
 
+_NOT_LABEL = re.compile(r"[^a-z0-9-]+")
+# A DRA device's name is a DNS label: a pool's devices are named `<its name as one>-<slot or HCA>`.
+MAX_LABEL = 63
+
+
+def label(text: str) -> str:
+    """`text` as a DNS label's characters: mlx5_0 -> mlx5-0."""
+    return _NOT_LABEL.sub("-", text.lower()).strip("-")
+
+
+def dra_name_problem(config: PluginConfig) -> ConfigError | None:
+    """Pools whose DRA devices cannot all be named: two pools whose names read alike as a DNS
+    label (rdma_hca.v2 and rdma-hca-v2: one set of device names for both), or a name too long
+    for its devices' (a shared pool's slots; an exclusive one's HCAs, whose shortest names the
+    kernel gives are 4 characters: rxe0, mlx5_0 is 6)."""
+    seen: dict[str, str] = {}
+    for i, pool in enumerate(config.pools):
+        prefix = label(pool.name)
+        suffix = str(pool.max_allocations - 1) if pool.mode == "shared" else "rxe0"
+        if not prefix or len(f"{prefix}-{suffix}") > MAX_LABEL:
+            return ConfigError(
+                f"pools[{i}]: {pool.name}: its DRA devices would be named {prefix or '(empty)'}-"
+                f"{suffix} and alike, not DNS labels of at most {MAX_LABEL} of a-z, 0-9, '-'",
+                field=f"pools[{i}].name",
+                fix="a shorter name, of letters or digits",
+            )
+        if prefix in seen:
+            return ConfigError(
+                f"pools[{i}]: {pool.name} and {seen[prefix]} both name their DRA devices "
+                f"{prefix}-…, which cannot tell them apart",
+                field=f"pools[{i}].name",
+                fix="rename one of them",
+            )
+        seen[prefix] = pool.name
+    return None
+
+
 def shared_device_id(pool_name: str, index: int) -> str:
     """ID of the index-th allocation slot of a shared pool."""
     return f"{pool_name}-{index}"

@@ -8,7 +8,7 @@ import asyncio
 import logging
 
 from plugin import launch
-from plugin.config import ConfigError, load_config, token_in
+from plugin.config import ConfigError, dra_name_problem, load_config, token_in
 from plugin.core import instance
 from plugin.core.discovery.choose import choose_discovery
 from plugin.core.discovery.model import DiscoveryError
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             else KubeApi.in_cluster()
         )
         hold(api.mask)
-        if (refused := token_in(config)) is not None:
+        if (refused := token_in(config) or dra_name_problem(config)) is not None:
             raise refused
         discovery = choose_discovery(spec.discovery, spec.sysfs_root, spec.dev_root)
     except (ConfigError, DiscoveryError, CredentialsError, OSError) as exc:

@@ -17,10 +17,10 @@ The device model (resource.k8s.io/v1, GA features only):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from plugin.config import MAX_LABEL, label
 from plugin.core import pool as policy
 from plugin.core.discovery.model import Hca
 
@@ -55,15 +55,6 @@ def _typed(value: AttributeValue) -> dict[str, object]:
     if isinstance(value, int):
         return {"int": value}
     return {"string": value}
-
-
-_NOT_LABEL = re.compile(r"[^a-z0-9-]+")
-MAX_LABEL = 63
-
-
-def label(text: str) -> str:
-    """`text` as a DNS label's characters: mlx5_0 -> mlx5-0."""
-    return _NOT_LABEL.sub("-", text.lower()).strip("-")
 
 
 def slice_devices(views: Sequence[policy.PoolView]) -> tuple[list[SliceDevice], list[str]]:

@@ -15,8 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
+from plugin.config import label
 from plugin.core.kubeapi import KubeApi, KubeApiError, in_background
-from plugin.dra.devices import SliceDevice, label, slices
+from plugin.dra.devices import SliceDevice, slices
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from plugin.config import MAX_ALLOCATIONS_LIMIT
-from plugin.dra.devices import MAX_DEVICES_PER_SLICE, MAX_LABEL
+from plugin.config import MAX_ALLOCATIONS_LIMIT, MAX_LABEL
+from plugin.dra.devices import MAX_DEVICES_PER_SLICE
 from plugin.launch import DRA_DRIVER, DraLaunchSpec, LaunchSpec
 from tests.e2e.cluster import CDI_DIR, DEVICE_PLUGIN_DIR, NODE
 from tests.e2e.procs import Proc, eventually

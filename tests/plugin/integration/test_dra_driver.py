@@ -1386,3 +1386,33 @@ async def test_a_burst_of_stop_signals_is_one_clean_stop(short_tmp: Path, tree: 
         codes.append(await asyncio.wait_for(driver.proc.wait(), 20))
 
     assert codes == [0] * 5
+
+
+@pytest.mark.parametrize(
+    ("pools", "said"),
+    [("[{name: rdma_hca.v2}, {name: rdma-hca-v2}]",
+      "pools[1]: rdma-hca-v2 and rdma_hca.v2 both name their DRA devices rdma-hca-v2-…, which "
+      "cannot tell them apart: rename one of them"),
+     (f"[{{name: {'h' * 60}, mode: exclusive}}]",
+      f"pools[0]: {'h' * 60}: its DRA devices would be named {'h' * 60}-rxe0 and alike, not DNS "
+      "labels of at most 63 of a-z, 0-9, '-': a shorter name, of letters or digits")],
+    ids=["two-pools-alike", "name-too-long"],
+)  # fmt: skip
+def test_pools_whose_devices_cannot_be_named_are_refused_at_start(
+    tmp_path: Path, pools: str, said: str
+) -> None:
+    """They were warnings at run time, and a whole pool published nothing while the driver
+    said it was healthy."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"version: v1\npools: {pools}\n")
+    kubeconfig = tmp_path / "kubeconfig"
+    cluster = {"server": SERVER, "insecure-skip-tls-verify": True}
+    kubeconfig.write_text(json.dumps(_kubeconfig(cluster, {"token": "t"})))
+    done = subprocess.run(
+        [sys.executable, "-m", "plugin.dra", "--discovery", "sysfs", "--node-name", "n1",
+         "--kubeconfig", str(kubeconfig), "--config", str(config)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"rdma-dra-driver: {said}"]
