@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -58,11 +58,22 @@ _LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 
 
 class KubeApiError(RuntimeError):
-    """A call the API server refused or could not be made; `status` is the HTTP code (0: none)."""
+    """A call the API server refused or could not be made; `status` is the HTTP code (0: none).
+    `said`: the client has logged it at ERROR already (a fault only a person mends, said once,
+    not at each retry): a caller logs it at debug."""
 
-    def __init__(self, message: str, status: int = 0) -> None:
+    def __init__(self, message: str, status: int = 0, *, said: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.said = said
+
+
+@dataclass
+class _Said:
+    """Whether the server's certificate failing verification is said: once, until a call
+    succeeds again."""
+
+    untrusted: bool = False
 
 
 # Ways to log in that this client does not take (kubectl runs a plugin for exec and
@@ -177,6 +188,9 @@ class KubeApi:
     token: str | None = None
     prefix: str = ""  # the server URL's path
     token_file: TokenFile | None = None  # where `token` was read: read again when it changes
+    # what the server's certificate is verified against, as its owner names it
+    trust: str = "the system's CA certificates"
+    said: _Said = field(default_factory=_Said, compare=False)
 
     @property
     def address(self) -> str:
@@ -248,15 +262,18 @@ class KubeApi:
                 f"{where}: insecure-skip-tls-verify: {described(skip)}, not true or false: {_FIX}"
             )
         tls = ssl.create_default_context()
+        trust = f"the system's CA certificates ({where} names no certificate-authority)"
         if skip:
             tls.check_hostname = False
             tls.verify_mode = ssl.CERT_NONE
         elif "certificate-authority-data" in cluster:
+            trust = f"the certificate-authority-data of {where}"
             data = cluster["certificate-authority-data"]
             _field(where, "certificate-authority-data", lambda: tls.load_verify_locations(
                 cadata=base64.b64decode(data, validate=True).decode()))  # fmt: skip
         elif "certificate-authority" in cluster:
             ca = str(cluster["certificate-authority"])
+            trust = f"the certificate-authority {ca} of {where}"
             _field(where, "certificate-authority",
                    lambda: tls.load_verify_locations(cadata=_pem(ca)), ca)  # fmt: skip
         _client_cert(where, tls, user)
@@ -269,7 +286,7 @@ class KubeApi:
                 raise CredentialsError(
                     f"{where}: tokenFile {token_file}: empty: it must hold the token"
                 )
-        api = KubeApi.at(server, tls, token, where, token_file)  # its refusals first
+        api = KubeApi.at(server, tls, token, where, trust, token_file)  # its refusals first
         if (
             token is None
             and "client-certificate" not in user
@@ -306,12 +323,17 @@ class KubeApi:
             raise CredentialsError(f"{where}: token: empty: {fix}")
         return KubeApi.at(
             f"https://{host}:{port}", tls, token.strip(), "KUBERNETES_SERVICE_HOST",
-            SERVICE_ACCOUNT / "token",
+            f"the service account's {ca}", SERVICE_ACCOUNT / "token",
         )  # fmt: skip
 
     @staticmethod
     def at(
-        server: str, tls: ssl.SSLContext, token: object, where: str, token_file: Path | None = None
+        server: str,
+        tls: ssl.SSLContext,
+        token: object,
+        where: str,
+        trust: str,
+        token_file: Path | None = None,
     ) -> KubeApi:
         if token is not None and not isinstance(token, str):
             raise CredentialsError(f"{where}: token: {described(token)}, not text: {_FIX}")
@@ -352,7 +374,7 @@ class KubeApi:
             )
         # a path (a proxy's, e.g. Rancher's /k8s/clusters/c-1) prefixes every call, as client-go
         rotated = None if token_file is None or bearer is None else TokenFile(token_file, bearer)
-        return KubeApi(host, port, tls, bearer, url.path.rstrip("/"), rotated)
+        return KubeApi(host, port, tls, bearer, url.path.rstrip("/"), rotated, trust)
 
     def call(
         self,
@@ -378,11 +400,14 @@ class KubeApi:
             response = self._request(conn, method, path, query, data, content_type)
             silent.cancel()
             text = _body(response, f"{method} {path}", started).decode(errors="replace")
+        except ssl.SSLCertVerificationError as exc:
+            raise self._untrusted(f"{method} {path}", exc) from None
         except (OSError, http.client.HTTPException) as exc:
             raise KubeApiError(f"{method} {path}: {self._failed(exc)}") from None
         finally:
             silent.cancel()
             conn.close()
+        self.said.untrusted = False
         if response.status >= 300:
             raise self._refused(method, path, response, text)
         try:
@@ -407,6 +432,8 @@ class KubeApi:
                 text = _body(response, f"GET {path}", time.monotonic()).decode(errors="replace")
                 raise self._refused("GET", path, response, text)
             event = response.readline(_BODY_MAX)
+        except ssl.SSLCertVerificationError as exc:
+            raise self._untrusted(f"GET {path} (watch)", exc) from None
         except (OSError, http.client.HTTPException) as exc:
             raise KubeApiError(f"GET {path} (watch): {self._failed(exc)}") from None
         finally:
@@ -420,6 +447,19 @@ class KubeApi:
         if kind not in ("ADDED", "MODIFIED", "DELETED", "ERROR"):  # ERROR: 410, `since` expired
             raise KubeApiError(f"GET {path} (watch): the answer is not a watch event")
         return True
+
+    def _untrusted(self, what: str, exc: ssl.SSLCertVerificationError) -> KubeApiError:
+        """The server's certificate is not signed by what the client trusts: a fault of the
+        kubeconfig (or the server), said once at ERROR with the file to fix; retried quietly."""
+        message = (
+            f"{what}: the certificate of {self.address} cannot be verified against {self.trust} "
+            f"({exc.verify_message}): give the CA that signed the API server's certificate "
+            "there (kubectl config view --raw shows the cluster's)"
+        )
+        if not self.said.untrusted:
+            self.said.untrusted = True
+            logger.error("%s; retrying quietly until it is mended", message)
+        return KubeApiError(message, said=True)
 
     def _failed(self, exc: Exception) -> Exception | str:
         """Why a call failed, naming where it went (a forgotten port dials 443)."""

@@ -118,7 +118,7 @@ class NodeEvents:
             self.ledger.failed(post.problem)
             if not self._unposted:
                 self._unposted = True
-                logger.warning(
+                (logger.debug if exc.said else logger.warning)(
                     "cannot post Events on node %s (%s): the node's problems are in this log",
                     self.node,
                     exc,

@@ -108,7 +108,7 @@ class SlicePublisher:
                     functools.partial(self._reconcile, existing, self.generation, self._devices)
                 )
             except KubeApiError as exc:
-                logger.warning(
+                (logger.debug if exc.said else logger.warning)(
                     "ResourceSlices of %s: %s; trying again in %.0fs", self.node, exc, backoff
                 )
                 await asyncio.sleep(backoff)
@@ -137,7 +137,7 @@ class SlicePublisher:
                 )  # fmt: skip
             except KubeApiError as exc:
                 if not failing:
-                    logger.warning(
+                    (logger.debug if exc.said else logger.warning)(
                         "ResourceSlices of %s cannot be watched (%s): a change by anyone else "
                         "is mended within %.0fs",
                         self.node, exc, _RECHECK,

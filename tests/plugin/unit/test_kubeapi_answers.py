@@ -147,3 +147,44 @@ def test_a_context_without_credentials_is_said_to_call_anonymously(
          "certificate: every call is anonymous, which API servers refuse unless RBAC grants "
          "system:anonymous"] if anonymous else []
     )  # fmt: skip
+
+
+def test_a_server_the_kubeconfigs_ca_does_not_verify_is_said_once_naming_the_file(
+    raw_tls: tuple[int, list[bytes]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It was OpenSSL's own words ("certificate verify failed: self-signed certificate") at
+    WARNING, retried forever: now one ERROR naming the CA file and the server; later calls,
+    which fail alike, are marked said, for their callers to log quietly."""
+    port, answers = raw_tls
+    answers.append(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+    other = tmp_path / "other-ca.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-nodes", "-newkey", "rsa:2048", "-days", "1",
+         "-subj", "/CN=other", "-keyout", str(tmp_path / "other.key"), "-out", str(other)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "clusters": [{"name": "c", "cluster": {
+            "server": f"https://127.0.0.1:{port}", "certificate-authority": str(other)}}],
+        "users": [{"name": "u", "user": {"token": "t0k3n-abcdefgh"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }))  # fmt: skip
+    api = KubeApi.from_kubeconfig(kubeconfig)
+
+    failures = []
+    for _ in range(3):
+        with pytest.raises(KubeApiError) as caught:
+            api.call("GET", "/api/v1/nodes/n1")
+        failures.append(caught.value)
+
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [
+        f"GET /api/v1/nodes/n1: the certificate of 127.0.0.1:{port} cannot be verified against "
+        f"the certificate-authority {other} of --kubeconfig {kubeconfig} (self-signed "
+        "certificate): give the CA that signed the API server's certificate there (kubectl "
+        "config view --raw shows the cluster's); retrying quietly until it is mended"
+    ]
+    assert all(f.said for f in failures)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
