@@ -33,6 +33,71 @@ DOCKERFILE = "plugin/Dockerfile"
 APP_LABEL = "app.kubernetes.io/name"
 
 
+# The node an agent's token names (bound service-account tokens, Kubernetes 1.32 on; none for
+# a token without one), and the object an operation is about (a DELETE has only the old one).
+_ADMISSION_VARIABLES = {
+    "node": "request.userInfo.?extra[?'authentication.kubernetes.io/node-name'][?0].orValue('')",
+    "target": "request.operation == 'DELETE' ? oldObject : object",
+}
+_NO_NODE_IN_TOKEN = k8s.admissionregistration.v1.ValidationArgs(
+    expression="variables.node != ''",
+    message="the RDMA agent's token names no node: it writes only from its pod on a node",
+    reason="Forbidden",
+)
+_NODE_EVENTS = (
+    k8s.admissionregistration.v1.NamedRuleWithOperationsArgs(
+        api_groups=[""], api_versions=["*"], operations=["CREATE", "UPDATE"], resources=["events"]
+    ),
+    [
+        k8s.admissionregistration.v1.ValidationArgs(
+            expression=(
+                "object.involvedObject.kind == 'Node' && object.involvedObject.name == "
+                "variables.node && (request.operation != 'UPDATE' || "
+                "oldObject.involvedObject.name == variables.node)"
+            ),
+            message_expression=(
+                "'the RDMA agent on node ' + variables.node + ' may post Events about that "
+                "Node only'"
+            ),
+            reason="Forbidden",
+        )
+    ],
+)
+
+
+def _node_slices(
+    driver: str,
+) -> tuple[
+    k8s.admissionregistration.v1.NamedRuleWithOperationsArgs,
+    list[k8s.admissionregistration.v1.ValidationArgs],
+]:
+    """The DRA driver's ResourceSlices: its own node's, of its own driver, in every version."""
+    return (
+        k8s.admissionregistration.v1.NamedRuleWithOperationsArgs(
+            api_groups=["resource.k8s.io"],
+            api_versions=["*"],
+            operations=["CREATE", "UPDATE", "DELETE"],
+            resources=["resourceslices"],
+        ),
+        [
+            k8s.admissionregistration.v1.ValidationArgs(
+                # a slice's node and driver cannot change: the object written tells both
+                expression="variables.target.spec.?nodeName.orValue('') == variables.node",
+                message_expression=(
+                    "'the RDMA agent on node ' + variables.node + ' may write the "
+                    "ResourceSlices of that node only'"
+                ),
+                reason="Forbidden",
+            ),
+            k8s.admissionregistration.v1.ValidationArgs(
+                expression=f"variables.target.spec.driver == '{driver}'",
+                message=f"the RDMA agent may write only {driver}'s ResourceSlices",
+                reason="Forbidden",
+            ),
+        ],
+    )
+
+
 @dataclass(frozen=True)
 class DevicePluginArgs:
     namespace: str
@@ -95,8 +160,10 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
             opts=in_ns,
         )
         self._event_access(name, args.namespace, in_ns)
-        if isinstance(args.launch, DraLaunchSpec):
-            self._dra_access(name, args.namespace, args.launch.driver_name, in_ns)
+        driver = args.launch.driver_name if isinstance(args.launch, DraLaunchSpec) else None
+        if driver is not None:
+            self._dra_access(name, args.namespace, driver, in_ns)
+        self._own_node_only(name, args.namespace, driver, in_ns)
         config_text = args.plugin_config.to_file()
         config_map = k8s.core.v1.ConfigMap(
             f"{name}-config",
@@ -154,6 +221,48 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
             opts=opts,
         )
 
+    def _own_node_only(
+        self, name: str, namespace: str, driver: str | None, opts: pulumi.ResourceOptions
+    ) -> None:
+        """What RBAC cannot narrow to a node, admission does: the agent's writes are admitted
+        only about the node named in its own token (bound service-account tokens carry it),
+        so an agent taken over on one node cannot touch another node's slices or Events."""
+        policies = {"events": _NODE_EVENTS}
+        if driver is not None:
+            policies["slices"] = _node_slices(driver)
+        agent = f"system:serviceaccount:{namespace}:{name}"
+        for what, (rules, validations) in policies.items():
+            policy = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
+                f"{name}-own-node-{what}",
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{name}-own-node-{what}"),
+                spec=k8s.admissionregistration.v1.ValidatingAdmissionPolicySpecArgs(
+                    failure_policy="Fail",
+                    match_constraints=k8s.admissionregistration.v1.MatchResourcesArgs(
+                        resource_rules=[rules]
+                    ),
+                    match_conditions=[
+                        k8s.admissionregistration.v1.MatchConditionArgs(
+                            name="the-rdma-agent",
+                            expression=f"request.userInfo.username == '{agent}'",
+                        )
+                    ],
+                    variables=[
+                        k8s.admissionregistration.v1.VariableArgs(name=n, expression=e)
+                        for n, e in _ADMISSION_VARIABLES.items()
+                    ],
+                    validations=[_NO_NODE_IN_TOKEN, *validations],
+                ),
+                opts=opts,
+            )
+            k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
+                f"{name}-own-node-{what}-binding",
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{name}-own-node-{what}"),
+                spec=k8s.admissionregistration.v1.ValidatingAdmissionPolicyBindingSpecArgs(
+                    policy_name=policy.metadata.name, validation_actions=["Deny"]
+                ),
+                opts=opts,
+            )
+
     def _dra_access(
         self, name: str, namespace: str, driver: str, opts: pulumi.ResourceOptions
     ) -> None:
@@ -163,10 +272,10 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
             f"{name}-role",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=name),
             rules=[
-                k8s.rbac.v1.PolicyRuleArgs(
+                k8s.rbac.v1.PolicyRuleArgs(  # RBAC cannot narrow these to a node: see below
                     api_groups=["resource.k8s.io"],
                     resources=["resourceslices"],
-                    verbs=["get", "list", "watch", "create", "update", "delete"],
+                    verbs=["list", "watch", "create", "update", "delete"],
                 ),
                 k8s.rbac.v1.PolicyRuleArgs(
                     api_groups=["resource.k8s.io"], resources=["resourceclaims"], verbs=["get"]

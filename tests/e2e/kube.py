@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import grpc
 
@@ -27,9 +28,10 @@ class ApiError(RuntimeError):
 class Api:
     """The few API calls the scenarios need, with a static bearer token."""
 
-    def __init__(self, base: str, token: str) -> None:
+    def __init__(self, base: str, token: str, headers: dict[str, str] | None = None) -> None:
         self.base = base
         self.token = token
+        self.headers = headers or {}
         # the API server's certificate is self-signed for this run only
         self.ctx = ssl.create_default_context()
         self.ctx.check_hostname = False
@@ -40,6 +42,8 @@ class Api:
         req = urllib.request.Request(self.base + path, data=data, method=method)
         req.add_header("Authorization", f"Bearer {self.token}")
         req.add_header("Content-Type", "application/json")
+        for name, value in self.headers.items():
+            req.add_header(name, value)
         try:
             with urllib.request.urlopen(req, context=self.ctx, timeout=30) as resp:
                 text = resp.read().decode()
@@ -49,6 +53,13 @@ class Api:
             raise ApiError(exc.code, detail) from None
         ctype = resp.headers.get("Content-Type", "")
         return json.loads(text) if ctype.startswith("application/json") else text
+
+    def impersonating(self, user: str, extra: dict[str, str]) -> Api:
+        """The same API as `user` with these extra values (its token's claims), as the admin's
+        impersonation makes them: what the server's authorization and admission then see."""
+        headers = {"Impersonate-User": user}
+        headers |= {f"Impersonate-Extra-{quote(k, safe='')}": v for k, v in extra.items()}
+        return Api(self.base, self.token, headers)
 
     def get(self, path: str) -> Any:
         return self.call("GET", path)

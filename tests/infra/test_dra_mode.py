@@ -70,7 +70,7 @@ def test_its_rbac_is_its_slices_and_reading_claims_and_pods_only() -> None:
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceslices"],
-            "verbs": ["get", "list", "watch", "create", "update", "delete"],
+            "verbs": ["list", "watch", "create", "update", "delete"],
         },
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
@@ -180,3 +180,29 @@ def test_both_front_ends_may_post_events_on_their_node_and_nothing_more_in_defau
     assert pod["automountServiceAccountToken"] is True
     (env,) = pod["containers"][0]["env"]
     assert env["name"] == launch.NODE_NAME_ENV
+
+
+@pytest.mark.parametrize(("mode", "policies"), [((), ["events"]), (DRA, ["events", "slices"])])
+def test_admission_holds_the_agents_writes_to_its_own_node(
+    mode: tuple[str, ...], policies: list[str]
+) -> None:
+    """RBAC lets the agent write every node's slices and Events; a policy bound to Deny admits
+    its writes only about the node its token names (proven on the real API server in e2e)."""
+    result = run("local", *mode)
+
+    for what in policies:
+        name = f"rdma-device-plugin-own-node-{what}"
+        policy = k8s_object(result, "ValidatingAdmissionPolicy", name)
+        spec = policy["spec"]
+        assert spec["failurePolicy"] == "Fail"
+        assert spec["matchConditions"] == [{
+            "name": "the-rdma-agent",
+            "expression": "request.userInfo.username == "
+                          "'system:serviceaccount:lingjun-rdma:rdma-device-plugin'",
+        }]  # fmt: skip
+        (rule,) = spec["matchConstraints"]["resourceRules"]
+        assert rule["apiVersions"] == ["*"]  # resource.k8s.io/v1 too
+        binding = k8s_object(result, "ValidatingAdmissionPolicyBinding", name)
+        assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+    names = {o["metadata"]["name"] for o in k8s_objects(result, "ValidatingAdmissionPolicy")}
+    assert names == {f"rdma-device-plugin-own-node-{what}" for what in policies}
