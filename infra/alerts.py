@@ -104,8 +104,8 @@ def alerts(
             # the plugin holds a gone HCA's series at 0 (the alert above); this one covers a
             # plugin restarted since, which no longer knows it: a series of the last hour that
             # stopped while the plugin answers
-            f"(max_over_time(rdma_plugin_hca_healthy[{HCA_MEMORY}]) unless on({NODE}, resource, "
-            f'hca) rdma_plugin_hca_healthy) and on({NODE}) (up{{job="{job}"}} == 1)',
+            f"(max_over_time(rdma_plugin_hca_healthy[{HCA_MEMORY}]) unless on ({NODE}, resource, "
+            f'hca) rdma_plugin_hca_healthy) and on ({NODE}) (up{{job="{job}"}} == 1)',
             2,
             "warning",
             "HCA {{ $labels.hca }} of {{ $labels.resource }} is gone from {{ $labels.node }}",

@@ -81,13 +81,14 @@ def test_a_slower_rescan_makes_the_stale_scan_alert_wait_longer() -> None:
 
 
 @pytest.mark.parametrize(
-    ("overrides", "cluster_id"),
-    [((), "lingjun-rdma-cluster-ack-id"), (("clusterMode=existing", "clusterId=c123"), "c123")],
-)
+    ("stack", "overrides", "cluster_id"),
+    [("dev", (), "lingjun-rdma-cluster-ack-id"),
+     ("local", ("kubeconfig=", "clusterId=c123"), "c123")],
+)  # fmt: skip
 def test_arms_gets_the_podmonitor_and_each_alert_through_its_api(
-    overrides: tuple[str, ...], cluster_id: str
+    stack: str, overrides: tuple[str, ...], cluster_id: str
 ) -> None:
-    result = run("dev", "rdmaMonitoring=arms", *overrides)
+    result = run(stack, "rdmaMonitoring=arms", *overrides)
     monitor = one(result, ARMS_MONITOR).inputs
     rules = {r.inputs["prometheusAlertRuleName"]: r.inputs for r in of_type(result, ARMS_RULE)}
 

@@ -1767,7 +1767,8 @@ def test_an_out_with_a_line_break_is_said_on_one_line(tmp_path: Path) -> None:
     done = _cli("infra.render", "--stack", "local", "--out", "x\nINJECTED", cwd=tmp_path)
 
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["render: local: wrote 10 files to x\\nINJECTED"]
+    (said,) = done.stdout.splitlines()
+    assert re.fullmatch(r"render: local: wrote [0-9]+ files to x\\nINJECTED", said)
     assert (tmp_path / "x\nINJECTED").is_dir()
 
 
