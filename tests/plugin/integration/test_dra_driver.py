@@ -321,7 +321,7 @@ def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
          "403 token Bearer <token> may not"),
         (403, json.dumps({"message": f"Bearer {base64.b64encode(TOKEN.encode()).decode()}"})
          .encode(), "403 Bearer <token>"),
-        (401, json.dumps({"message": f"bad token {TOKEN.lower()}"}).encode(),
+        (401, json.dumps({"message": f"bad token {TOKEN[3:]}"}).encode(),
          "401 bad token <token>"),
         (500, json.dumps({"message": f"bad {TOKEN.replace('-', '%2D')} and "
                                      f"{''.join(f'%{b:02x}' for b in TOKEN.encode())}"}).encode(),
@@ -341,7 +341,7 @@ def test_a_kubeconfig_field_that_cannot_be_used_is_named_in_one_line(
         (200, b'{"items": [], "metadata": {"continue": "again"}}',
          "the list of node-a's slices did not end within 100 pages of 50"),
     ],
-    ids=["not-json", "huge-error", "echoes-the-token", "echoes-it-base64", "echoes-it-lower-case",
+    ids=["not-json", "huge-error", "echoes-the-token", "echoes-it-base64", "echoes-it-cut-short",
          "echoes-it-percent-encoded", "echoes-the-header-base64", "echoes-it-html-escaped",
          "echoes-it-percent-encoded-twice",
          "a-list", "nested-deep", "a-redirect", "line-break", "items-not-a-list",
@@ -973,8 +973,8 @@ async def test_an_answer_for_another_claim_of_the_same_uid_is_not_used(
 
 @pytest.mark.parametrize(
     "name",
-    [f"echo-{TOKEN}", base64.b64encode(f"Bearer {TOKEN}".encode()).decode(), TOKEN.encode().hex()],
-    ids=["raw", "base64-of-the-header", "hex"],
+    [f"echo-{TOKEN}", base64.b64encode(f"Bearer {TOKEN}".encode()).decode()],
+    ids=["raw", "base64-of-the-header"],
 )
 async def test_a_claim_answer_echoing_the_token_is_masked_in_the_answer_and_the_log(
     short_tmp: Path, tree: SysfsTree, name: str

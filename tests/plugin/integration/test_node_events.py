@@ -73,9 +73,9 @@ async def test_a_stop_does_not_wait_for_an_api_server_that_never_answers(
 
 @pytest.mark.parametrize(
     "echo",
-    [TOKEN, TOKEN[:-1], TOKEN.encode().hex(), base64.b64encode(TOKEN.encode()).decode(),
+    [TOKEN, TOKEN[:-1], base64.b64encode(TOKEN.encode()).decode(),
      "".join(f"\\x{b:02x}" for b in TOKEN.encode())],
-    ids=["raw", "cut-short", "hex", "base64", "backslash-x"],
+    ids=["raw", "cut-short", "base64", "backslash-x"],
 )  # fmt: skip
 async def test_a_kubelet_echoing_the_token_hears_it_masked_and_the_log_has_it_masked(
     plugin: PluginProcess, kubelet: KubeletPeer, short_tmp: Path, silent_api: int, echo: str
@@ -115,7 +115,7 @@ async def test_a_pool_named_after_the_token_is_refused_at_start(
 ) -> None:
     """Its name would reach the kubelet (the resource), the CDI spec and the checkpoint, which
     carry names as they are: only the log was masked."""
-    name = TOKEN.lower().replace("-", "")[:20]  # a valid pool name, holding 20 of its characters
+    name = TOKEN[:20]  # a valid pool name, holding 20 of its characters
     config = plugin.write_config(f"pools: [{{name: {name}}}]\n")
 
     await plugin.start(config, kubeconfig=_kubeconfig(short_tmp, silent_api), node_name="n1")
