@@ -9,7 +9,7 @@ APT_PACKAGES := python3-venv python3-pyverbs ibverbs-providers rdma-core iproute
 STAMP := $(VENV)/.synced
 
 .PHONY: help setup render test lint typecheck proto bench test-rdma e2e vm-node engine monitoring cold-build deploy \
-  image clean
+  image sample-image clean
 
 help: ## List every target
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml uv.lock
 	@touch $@
 
 render: setup ## Offline plan + every manifest of a stack: make render STACK=dev (no credentials)
-	$(PY) -m infra.render --stack $(STACK) --out out/$(STACK) $(RENDER_ARGS)
+	$(PY) -m infra.commands.render --stack $(STACK) --out out/$(STACK) $(RENDER_ARGS)
 
 test: setup ## The test suite (unit + integration; rdma/e2e/engine/monitoring have their own targets)
 	@$(PY) -m pytest -m "not rdma and not e2e and not engine and not monitoring and not vmnode" $(PYTEST_ARGS); rc=$$?; \
@@ -74,11 +74,15 @@ cold-build: ## Every build (VM images, plugin image, Kubernetes programs, Pulumi
 
 ACTION ?= up
 deploy: setup ## The program through the Automation API with the `pulumi` CLI only: make deploy STACK=local ACTION=preview|up|refresh|destroy
-	$(PY) -m infra.deploy $(ACTION) --stack $(STACK)
+	$(PY) -m infra.commands.deploy $(ACTION) --stack $(STACK)
 
 IMAGE ?= lingjun-rdma-plugin:dev
 image: ## Build plugin/Dockerfile as $(IMAGE): Docker/Podman if one runs, else buildah (IMAGE_ARCHIVE=tar to export)
 	IMAGE=$(IMAGE) plugin/image.sh
+
+SAMPLE ?= perftest
+sample-image: ## Build a sample Job's image, infra/images/$(SAMPLE).Dockerfile, as $(IMAGE) (perftest; the CUDA ones: docs/samples.md)
+	DOCKERFILE=infra/images/$(SAMPLE).Dockerfile IMAGE=$(IMAGE) plugin/image.sh
 
 clean: ## Remove the venv and build outputs
 	rm -rf $(VENV) out .pytest_cache .ruff_cache

@@ -35,7 +35,7 @@ import grpc
 
 from benchmarks.plugin_bench import fmt_ms, mib, status_kib
 from plugin.config import MAX_ALLOCATIONS_LIMIT
-from plugin.core.sockets import CHANNEL_OPTIONS, grpc_target
+from plugin.core.kube.sockets import CHANNEL_OPTIONS, grpc_target
 from plugin.dra.api.dra.v1 import api_pb2 as v1
 from plugin.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
 from plugin.dra.devices import device_class, device_class_name

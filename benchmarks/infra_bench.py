@@ -2,8 +2,8 @@
 
 1. The program under Pulumi mocks for the largest stack (prod), in process: the first run (pays the
    SDKs' lazy imports) and warm runs.
-2. `python -m infra.render` end to end as a fresh process, as `make render` runs it: with this
-   environment's bytecode policy, and with a bytecode cache (cold, then warm).
+2. `python -m infra.commands.render` end to end as a fresh process, as `make render` runs it:
+   with this environment's bytecode policy, and with a bytecode cache (cold, then warm).
 
     .venv/bin/python benchmarks/infra_bench.py
 """
@@ -27,8 +27,8 @@ PROCESS_RUNS = 3
 def _program_under_mocks() -> None:
     sys.path.insert(0, str(ROOT))
     t0 = time.perf_counter()
-    from infra.offline import run_program
-    from infra.stackfiles import stack_config
+    from infra.commands.offline import run_program
+    from infra.stack.files import stack_config
 
     imported = time.perf_counter() - t0
     config, secret_keys = stack_config(STACK)
@@ -41,7 +41,7 @@ def _program_under_mocks() -> None:
         run_program(STACK, config, secret_keys)
         warm.append(time.perf_counter() - t0)
     print(f"program under mocks, stack {STACK} ({len(result.resources)} registrations):")
-    print(f"  import infra.render                {imported:7.3f} s")
+    print(f"  import infra.commands.render                {imported:7.3f} s")
     print(f"  first run (lazy SDK imports)       {first:7.3f} s")
     print(
         f"  warm run, median of {WARM_RUNS}            {statistics.median(warm):7.3f} s"
@@ -52,7 +52,7 @@ def _program_under_mocks() -> None:
 def _render_process(env: dict[str, str], out: Path) -> float:
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "infra.render", "--stack", STACK, "--out", str(out)],
+        [sys.executable, "-m", "infra.commands.render", "--stack", STACK, "--out", str(out)],
         cwd=ROOT,
         env=env,
         check=True,
@@ -70,7 +70,7 @@ def _render_end_to_end() -> None:
         cold = _render_process(cached, out)
         warm = [_render_process(cached, out) for _ in range(PROCESS_RUNS)]
     policy = "no bytecode cache" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "default"
-    print(f"render end to end (python -m infra.render --stack {STACK}, fresh process):")
+    print(f"render end to end (python -m infra.commands.render --stack {STACK}, fresh process):")
     median = statistics.median(as_is)
     print(f"  this environment ({policy}), median of {PROCESS_RUNS}  {median:7.3f} s")
     print(f"  with a bytecode cache, first run     {cold:7.3f} s")

@@ -26,15 +26,15 @@ from pathlib import Path
 
 import grpc
 
+from common.secret import Mask
 from plugin.config import MAX_ALLOCATIONS_LIMIT, PluginConfig, Pool
-from plugin.core import podqps
-from plugin.core import pool as policy
-from plugin.core.counters import PORT_COUNTERS
-from plugin.core.discovery.model import CharDevices, Hca, Inventory, Port
-from plugin.core.restrack import Qp
-from plugin.core.scrape import metrics_for
-from plugin.core.secret import Mask
-from plugin.core.sockets import CHANNEL_OPTIONS
+from plugin.core.kube.sockets import CHANNEL_OPTIONS
+from plugin.core.metrics import podqps
+from plugin.core.metrics.counters import PORT_COUNTERS
+from plugin.core.metrics.restrack import Qp
+from plugin.core.metrics.scrape import metrics_for
+from plugin.core.node import pools
+from plugin.core.node.discovery.model import CharDevices, Hca, Inventory, Port
 from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.deviceplugin.wire import list_and_watch_response
 from plugin.launch import LaunchSpec, socket_name
@@ -483,17 +483,17 @@ def p5(n: int = 10_000) -> None:
             CharDevices(f"uverbs{i}"),
         )
 
-    shared = policy.build_view(Pool(name="hca", max_allocations=n), (hca(0, 0), hca(1, 1)), True)
-    exclusive = policy.build_view(
+    shared = pools.build_view(Pool(name="hca", max_allocations=n), (hca(0, 0), hca(1, 1)), True)
+    exclusive = pools.build_view(
         Pool(name="hca", mode="exclusive"), tuple(hca(i, i % 4) for i in range(n)), True
     )
     for label, view in (("shared", shared), ("exclusive", exclusive)):
         ids = [d.id for d in view.devices]
         build = best_of(lambda v=view: list_and_watch_response(v))
         plain = best_of(lambda v=view: plain_response(v))
-        prefer = best_of(lambda v=view, i=ids: policy.preferred(v, i, i[:1], 8))
+        prefer = best_of(lambda v=view, i=ids: pools.preferred(v, i, i[:1], 8))
         # one Allocate of every ID (a repeat check was quadratic: 100000 IDs took 43 s)
-        every = best_of(lambda v=view, i=ids: policy.allocated_hcas(v, i))
+        every = best_of(lambda v=view, i=ids: pools.allocated_hcas(v, i))
         print(
             f"P5 {n} IDs ({label:9s})   ListAndWatch build {build * 1e3:6.2f} ms (goal <= 10;"
             f" one message per ID: {plain * 1e3:6.2f} ms = {plain / build:.1f}x)"
@@ -503,9 +503,9 @@ def p5(n: int = 10_000) -> None:
     # every scan (5 s by default) made each pool's IDs anew: at the top of the range, 0.1 s
     top = PluginConfig(pools=(Pool(name="hca", max_allocations=MAX_ALLOCATIONS_LIMIT),))
     node = Inventory(hcas=(hca(0, 0), hca(1, 1)))
-    last, _ = policy.assign(top, node)
-    anew = best_of(lambda: policy.assign(top, node), reps=5)
-    kept = best_of(lambda: policy.assign(top, node, last), reps=5)
+    last, _ = pools.assign(top, node)
+    anew = best_of(lambda: pools.assign(top, node), reps=5)
+    kept = best_of(lambda: pools.assign(top, node, last), reps=5)
     print(
         f"P5 a scan's views of a {MAX_ALLOCATIONS_LIMIT}-ID pool   made anew {anew * 1e3:6.2f} ms"
         f"   kept (its HCAs unchanged) {kept * 1e3:6.3f} ms = {anew / kept:.0f}x less"
@@ -612,13 +612,13 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def plain_response(view: policy.PoolView) -> api_pb2.ListAndWatchResponse:
+def plain_response(view: pools.PoolView) -> api_pb2.ListAndWatchResponse:
     """The obvious construction: the yardstick for the wire-encoded one."""
     return api_pb2.ListAndWatchResponse(
         devices=[
             api_pb2.Device(
                 ID=d.id,
-                health=policy.HEALTHY if d.healthy else policy.UNHEALTHY,
+                health=pools.HEALTHY if d.healthy else pools.UNHEALTHY,
                 topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=n) for n in d.numa_nodes]),
             )
             for d in view.devices

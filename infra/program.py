@@ -7,15 +7,16 @@ from typing import Any
 
 import pulumi
 
-from infra import config
-from infra.alicloud import Provider as AlicloudProvider
-from infra.cluster import Cluster, ExistingCluster
-from infra.config import AckCluster, CreateCluster, StackConfig
-from infra.device_plugin import DevicePluginArgs, RdmaDevicePlugin
-from infra.jobs import SAMPLES, RdmaJob, RdmaJobArgs, resolve_host_network
-from infra.keys import StackConfigError
-from infra.monitoring import MonitoringArgs, RdmaMonitoring
-from infra.network import Network
+from infra.components.alicloud import Provider as AlicloudProvider
+from infra.components.cluster import Cluster, ExistingCluster
+from infra.components.jobs import RdmaJob, RdmaJobArgs
+from infra.components.monitoring import MonitoringArgs, RdmaMonitoring
+from infra.components.network import Network
+from infra.components.node_agent import DevicePluginArgs, RdmaDevicePlugin
+from infra.stack import model as config
+from infra.stack.keys import StackConfigError
+from infra.stack.model import AckCluster, CreateCluster, StackConfig
+from infra.stack.samples import SAMPLES, resolve_host_network
 from plugin.dra.devices import device_class_name
 from plugin.launch import DraLaunchSpec
 

@@ -3,7 +3,7 @@ call the package itself)."""
 
 import sys
 
-from plugin.core.terminal import say, write_stdout
+from common.terminal import say, write_stdout
 
 PROGRAMS = (
     "python -m plugin.deviceplugin: the device plugin (rdma/hca for the kubelet)\n"

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast, get_args
 
-from plugin.core.secret import masked
-from plugin.core.userfiles import (
+from common.secret import masked
+from common.userfiles import (
     ParseError,
     UnreadableError,
     described,

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build plugin/Dockerfile as $IMAGE (`make image`). With a running Docker or Podman engine, that
+# Build $DOCKERFILE (plugin/Dockerfile, or a sample's: `make sample-image`) as $IMAGE (`make
+# image`). With a running Docker or Podman engine, that
 # engine builds it. Without one, buildah does, daemonless (chroot isolation, overlay storage under
 # $IMAGE_CACHE, layers cached), on a Debian bookworm base made by mmdebstrap: no registry needs
 # to serve debian:bookworm-slim. IMAGE_ARCHIVE=path also writes the image as a docker-archive
@@ -8,6 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 IMAGE=${IMAGE:-lingjun-rdma-plugin:dev}
+DOCKERFILE=${DOCKERFILE:-plugin/Dockerfile}
 IMAGE_CACHE=${IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lingjun-rdma/containers}
 # Made again each month, and with it every cached layer above it: Debian's updates get in.
 BASE=localhost/lingjun-rdma-base:bookworm-$(date +%Y%m)
@@ -15,7 +17,7 @@ log() { echo "image.sh: $*" >&2; }
 
 for engine in docker podman; do
   if command -v "$engine" >/dev/null && "$engine" info >/dev/null 2>&1; then
-    "$engine" build -f plugin/Dockerfile -t "$IMAGE" .
+    "$engine" build -f "$DOCKERFILE" -t "$IMAGE" .
     if [ -n "${IMAGE_ARCHIVE:-}" ]; then "$engine" save -o "$IMAGE_ARCHIVE" "$IMAGE"; fi
     exit 0
   fi
@@ -59,7 +61,7 @@ if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
   ca=(-v /etc/ssl/certs/ca-certificates.crt:/run/build-ca.crt:ro --build-arg PIP_CERT=/run/build-ca.crt)
 fi
 "${buildah[@]}" bud --isolation chroot --layers --pull-never --build-arg "BASE=$BASE" "${ca[@]}" \
-  -f plugin/Dockerfile -t "$IMAGE" . >&2
+  -f "$DOCKERFILE" -t "$IMAGE" . >&2
 if [ -n "${IMAGE_ARCHIVE:-}" ]; then
   rm -f "$IMAGE_ARCHIVE"
   "${buildah[@]}" push -q "$IMAGE" "docker-archive:$IMAGE_ARCHIVE:$IMAGE"

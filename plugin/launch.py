@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal, TypeVar, get_args
 
+from common.terminal import Parser
+from common.userfiles import decimal, described, file_kind
 from plugin.config import but_for_case, taken_domain
-from plugin.core.terminal import Parser
-from plugin.core.userfiles import decimal, described, file_kind
 
 # The programs, each run as `python -m MODULE`.
 DEVICE_PLUGIN_MODULE = "plugin.deviceplugin"

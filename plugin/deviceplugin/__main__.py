@@ -1,7 +1,7 @@
 import faulthandler
 import sys
 
-from plugin.core.terminal import exit_on_signals
+from common.terminal import exit_on_signals
 
 # a crash in native code (grpc's core) says where each thread was, not only -11
 faulthandler.enable()

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import grpc
 
+from common.terminal import one_line
+from common.userfiles import file_kind
 from plugin.config import Pool
-from plugin.core import pool as policy
-from plugin.core.cdi import SpecFile
-from plugin.core.metrics import Metrics
-from plugin.core.sockets import (
+from plugin.core.kube.cdi import SpecFile
+from plugin.core.kube.sockets import (
     CHANNEL_OPTIONS,
     bind_problem,
     clear_stale_socket,
@@ -23,8 +23,8 @@ from plugin.core.sockets import (
     grpc_target,
     inode,
 )
-from plugin.core.terminal import one_line
-from plugin.core.userfiles import file_kind
+from plugin.core.metrics.exposition import Metrics
+from plugin.core.node import pools
 from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.deviceplugin.servicer import DevicePluginServicer
 from plugin.launch import KUBELET_SOCKET, socket_name
@@ -54,7 +54,7 @@ class Endpoint:
         metrics: Metrics,
         cdi: SpecFile | None = None,
     ) -> None:
-        empty = policy.build_view(pool, (), rdma_cm=False)
+        empty = pools.build_view(pool, (), rdma_cm=False)
         self._servicer = DevicePluginServicer(empty, dev_root, metrics, streams=self, cdi=cdi)
         self.path = plugin_dir / socket_name(pool.resource_name)  # length checked by the CLI
         self.metrics = metrics
@@ -75,7 +75,7 @@ class Endpoint:
         self._flap_backoff = 0.0
 
     @property
-    def view(self) -> policy.PoolView:
+    def view(self) -> pools.PoolView:
         return self._servicer.view
 
     @property
@@ -83,7 +83,7 @@ class Endpoint:
         """Why IDs of the pool are not advertised to the kubelet, if any are not."""
         return self._servicer.unlisted
 
-    async def update(self, view: policy.PoolView) -> None:
+    async def update(self, view: pools.PoolView) -> None:
         await self._servicer.update(view)
 
     def wake(self) -> None:

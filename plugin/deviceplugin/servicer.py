@@ -10,11 +10,11 @@ from typing import Protocol
 
 import grpc
 
-from plugin.core import pool as policy
-from plugin.core.cdi import CdiError, SpecFile
-from plugin.core.metrics import Metrics
-from plugin.core.secret import masked
-from plugin.core.userfiles import shown
+from common.secret import masked
+from common.userfiles import shown
+from plugin.core.kube.cdi import CdiError, SpecFile
+from plugin.core.metrics.exposition import Metrics
+from plugin.core.node import pools
 from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.deviceplugin.wire import KUBELET_MESSAGE_MAX, list_and_watch_response
 
@@ -38,7 +38,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
 
     def __init__(
         self,
-        view: policy.PoolView,
+        view: pools.PoolView,
         dev_root: Path,
         metrics: Metrics,
         streams: Streams,
@@ -59,7 +59,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self._changed = asyncio.Condition()
         self._version = 0
 
-    def _listed(self, view: policy.PoolView) -> api_pb2.ListAndWatchResponse:
+    def _listed(self, view: pools.PoolView) -> api_pb2.ListAndWatchResponse:
         """The response, and what it leaves out said (once per change)."""
         response = list_and_watch_response(view)
         listed, total = len(response.devices), len(view.devices)
@@ -75,7 +75,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.unlisted = unlisted
         return response
 
-    async def update(self, view: policy.PoolView) -> None:
+    async def update(self, view: pools.PoolView) -> None:
         unchanged = view.devices == self.view.devices
         self.view = view
         self._answers = {}  # char devices may differ under the same device IDs
@@ -124,7 +124,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.PreferredAllocationResponse(
             container_responses=[
                 api_pb2.ContainerPreferredAllocationResponse(
-                    deviceIDs=policy.preferred(
+                    deviceIDs=pools.preferred(
                         self.view,
                         list(r.available_deviceIDs),
                         list(r.must_include_deviceIDs),
@@ -149,9 +149,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         for r in request.container_requests:
             ids = list(r.devices_ids)
             try:
-                hcas = policy.allocated_hcas(self.view, ids)
+                hcas = pools.allocated_hcas(self.view, ids)
                 answer = self._answer(hcas)
-            except (policy.AllocationError, CdiError, OSError) as exc:
+            except (pools.AllocationError, CdiError, OSError) as exc:
                 self.metrics.errors.labels(kind="allocate").inc()
                 logger.error("Allocate refused: %s", exc)
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, masked(str(exc)))
@@ -165,7 +165,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         shared pool names the same HCAs."""
         answer = self._answers.get(hcas)
         if answer is None:
-            allocation = policy.allocation(self.view, hcas, self.dev_root)
+            allocation = pools.allocation(self.view, hcas, self.dev_root)
             if self.cdi is not None:  # the runtime makes the nodes from the spec
                 name = "_".join((self.view.pool.name, *hcas))
                 answer = api_pb2.ContainerAllocateResponse(

@@ -9,18 +9,18 @@ import signal
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 
+from common.terminal import first_stop, say, stop_on_signals
 from plugin.config import ConfigError, PluginConfig, Pool, load_config
-from plugin.core import pool as policy
-from plugin.core.cdi import SpecFile
-from plugin.core.discovery.model import Discovery
-from plugin.core.events import DirWatcher
-from plugin.core.health import HealthWatcher
-from plugin.core.kubeapi import KubeApi
-from plugin.core.metrics import listen_problem, serve_http
-from plugin.core.node_events import NodeEvents
-from plugin.core.problems import POOL_TOO_LARGE, REGISTRATION, Problem
-from plugin.core.scrape import metrics_for
-from plugin.core.terminal import first_stop, say, stop_on_signals
+from plugin.core.kube.cdi import SpecFile
+from plugin.core.kube.kubeapi import KubeApi
+from plugin.core.kube.node_events import NodeEvents
+from plugin.core.metrics.exposition import listen_problem, serve_http
+from plugin.core.metrics.scrape import metrics_for
+from plugin.core.node import pools
+from plugin.core.node.discovery.model import Discovery
+from plugin.core.node.health import HealthWatcher
+from plugin.core.node.kernel_events import DirWatcher
+from plugin.core.node.problems import POOL_TOO_LARGE, REGISTRATION, NodeProblem
 from plugin.deviceplugin.endpoint import Endpoint
 from plugin.launch import DRA_DRIVER, LaunchSpec, cdi_kind, cdi_spec_name
 
@@ -56,7 +56,7 @@ async def run(
     }
     metrics.registration(lambda: {e.resource: e.registered for e in endpoints.values()})
 
-    async def publish(views: Sequence[policy.PoolView]) -> None:
+    async def publish(views: Sequence[pools.PoolView]) -> None:
         for view in views:
             await endpoints[view.pool.name].update(view)
 
@@ -67,10 +67,10 @@ async def run(
 
     events = NodeEvents(api, spec.node_name, PROG)
 
-    def report(problems: Sequence[Problem]) -> None:
-        waits = [Problem(REGISTRATION, f"{e.resource}: {w}") for e in endpoints.values()
+    def report(problems: Sequence[NodeProblem]) -> None:
+        waits = [NodeProblem(REGISTRATION, f"{e.resource}: {w}") for e in endpoints.values()
                  if (w := e.waiting_for) is not None]  # fmt: skip
-        unlisted = [Problem(POOL_TOO_LARGE, u) for e in endpoints.values()
+        unlisted = [NodeProblem(POOL_TOO_LARGE, u) for e in endpoints.values()
                     if (u := e.unlisted) is not None]  # fmt: skip
         events.report([*problems, *waits, *unlisted])
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plugin.core import pool as policy
+from plugin.core.node import pools
 from plugin.deviceplugin.api.v1beta1 import api_pb2
 
 # The kubelet dials a device plugin with grpc-go's default receive limit (devicemanager's
@@ -12,7 +12,7 @@ KUBELET_MESSAGE_MAX = 4 << 20
 
 
 def list_and_watch_response(
-    view: policy.PoolView, limit: int = KUBELET_MESSAGE_MAX
+    view: pools.PoolView, limit: int = KUBELET_MESSAGE_MAX
 ) -> api_pb2.ListAndWatchResponse:
     """The kubelet's view of a pool: every ID with its health and NUMA nodes, as many as fit in
     `limit` bytes (the caller says what is left out).
@@ -52,7 +52,7 @@ _ONE_BYTE = [bytes((i,)) for i in range(128)]  # varints below 128
 def _device_tail(healthy: bool, numa_nodes: tuple[int, ...]) -> bytes:
     """Device fields after ID: health and topology."""
     return api_pb2.Device(
-        health=policy.HEALTHY if healthy else policy.UNHEALTHY,
+        health=pools.HEALTHY if healthy else pools.UNHEALTHY,
         topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=n) for n in numa_nodes])
         if numa_nodes
         else None,

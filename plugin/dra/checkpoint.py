@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from plugin.core.secret import masked
-from plugin.core.userfiles import (
+from common.secret import masked
+from common.userfiles import (
     TEMP_MARK,
     UnreadableError,
     read_text,

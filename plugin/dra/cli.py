@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from common.secret import hold
+from common.terminal import exit_on_signals, ignore_stops, say, start_log
 from plugin import launch
 from plugin.config import ConfigError, dra_name_problem, load_config, token_in
-from plugin.core import instance
-from plugin.core.discovery.choose import choose_discovery
-from plugin.core.discovery.model import DiscoveryError
-from plugin.core.kubeapi import CredentialsError, KubeApi
-from plugin.core.secret import hold
-from plugin.core.terminal import exit_on_signals, ignore_stops, say, start_log
+from plugin.core.kube import instance
+from plugin.core.kube.kubeapi import CredentialsError, KubeApi
+from plugin.core.node.discovery.choose import choose_discovery
+from plugin.core.node.discovery.model import DiscoveryError
 from plugin.dra import driver
 from plugin.launch import NODE_NAME_ENV, DraLaunchSpec
 

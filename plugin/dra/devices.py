@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plugin.config import MAX_LABEL, label
-from plugin.core import pool as policy
-from plugin.core.discovery.model import Hca
+from plugin.core.node import pools
+from plugin.core.node.discovery.model import Hca
 
 # What Kubernetes' deviceattribute package calls the PCIe root complex of a device.
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
@@ -57,7 +57,7 @@ def _typed(value: AttributeValue) -> dict[str, object]:
     return {"string": value}
 
 
-def slice_devices(views: Sequence[policy.PoolView]) -> tuple[list[SliceDevice], list[str]]:
+def slice_devices(views: Sequence[pools.PoolView]) -> tuple[list[SliceDevice], list[str]]:
     """Every device the node publishes now, and why an HCA a pool selected has none."""
     devices: list[SliceDevice] = []
     skipped: list[str] = []
@@ -83,7 +83,7 @@ def slice_devices(views: Sequence[policy.PoolView]) -> tuple[list[SliceDevice], 
     return unique, skipped
 
 
-def _shares(view: policy.PoolView) -> list[SliceDevice]:
+def _shares(view: pools.PoolView) -> list[SliceDevice]:
     usable = tuple(h.name for h in view.hcas if h.unhealthy_reason() is None)
     if not usable:
         return []
@@ -99,7 +99,7 @@ def _shares(view: policy.PoolView) -> list[SliceDevice]:
     ]
 
 
-def _exclusive(view: policy.PoolView, hca: Hca) -> SliceDevice:
+def _exclusive(view: pools.PoolView, hca: Hca) -> SliceDevice:
     port = next((p for p in hca.ports if p.active), hca.ports[0] if hca.ports else None)
     attributes: list[tuple[str, AttributeValue]] = [
         ("mode", "exclusive"),

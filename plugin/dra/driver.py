@@ -11,19 +11,19 @@ from pathlib import Path
 
 import grpc
 
+from common.terminal import one_line, say, stop_on_signals
+from common.userfiles import why_not_made, why_not_writable
 from plugin.config import PluginConfig
-from plugin.core import cdi
-from plugin.core import pool as policy
-from plugin.core.discovery.model import Discovery
-from plugin.core.health import HealthWatcher
-from plugin.core.kubeapi import KubeApi
-from plugin.core.metrics import listen_problem, serve_http
-from plugin.core.node_events import NodeEvents
-from plugin.core.problems import REGISTRATION, Problem
-from plugin.core.scrape import metrics_for
-from plugin.core.sockets import bind_problem, clear_stale_socket, grpc_target
-from plugin.core.terminal import one_line, say, stop_on_signals
-from plugin.core.userfiles import why_not_made, why_not_writable
+from plugin.core.kube import cdi
+from plugin.core.kube.kubeapi import KubeApi
+from plugin.core.kube.node_events import NodeEvents
+from plugin.core.kube.sockets import bind_problem, clear_stale_socket, grpc_target
+from plugin.core.metrics.exposition import listen_problem, serve_http
+from plugin.core.metrics.scrape import metrics_for
+from plugin.core.node import pools
+from plugin.core.node.discovery.model import Discovery
+from plugin.core.node.health import HealthWatcher
+from plugin.core.node.problems import REGISTRATION, NodeProblem
 from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from plugin.dra.prepare import Preparer
 from plugin.dra.servicer import RegistrationServicer, add_dra_services
@@ -80,17 +80,19 @@ async def run(
         logger.error("%s: no claim can be prepared until it is fixed", why)
     registered = False
     events = NodeEvents(api, node, PROG)
-    refused: list[Problem] = []  # the kubelet's refusal of the registration, while it stands
+    refused: list[NodeProblem] = []  # the kubelet's refusal of the registration, while it stands
     metrics.registration(lambda: {driver: registered})
 
-    async def publish(views: Sequence[policy.PoolView]) -> None:
+    async def publish(views: Sequence[pools.PoolView]) -> None:
         publisher.update(preparer.update(views))
 
     def on_status(ok: bool, error: str) -> None:
         nonlocal registered
         registered = ok
         error = one_line(error)  # the kubelet's words
-        refused[:] = [] if ok else [Problem(REGISTRATION, f"the kubelet refused {driver}: {error}")]
+        refused[:] = (
+            [] if ok else [NodeProblem(REGISTRATION, f"the kubelet refused {driver}: {error}")]
+        )
         if ok:
             logger.info("registered with the kubelet as %s", driver)
             publisher.recheck()  # a starting kubelet wipes the node's slices

@@ -20,14 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from plugin.core import cdi
-from plugin.core import pool as policy
-from plugin.core.discovery.model import Hca
-from plugin.core.gidchoice import NoGidError, choose
-from plugin.core.kubeapi import KubeApi, KubeApiError
-from plugin.core.netaddrs import namespace_addresses
-from plugin.core.secret import masked
-from plugin.core.userfiles import (
+from common.secret import masked
+from common.userfiles import (
     TEMP_MARK,
     UnreadableError,
     read_text,
@@ -35,6 +29,12 @@ from plugin.core.userfiles import (
     shown,
     why_not_writable,
 )
+from plugin.core.kube import cdi
+from plugin.core.kube.kubeapi import KubeApi, KubeApiError
+from plugin.core.node import pools
+from plugin.core.node.discovery.model import Hca
+from plugin.core.podnet.gidchoice import NoGidError, choose
+from plugin.core.podnet.netaddrs import namespace_addresses
 from plugin.dra.checkpoint import SUBDOMAIN, UID, Checkpoint, ClaimRef
 from plugin.dra.devices import SliceDevice, slice_devices
 from plugin.launch import HCAS_ENV, family_for
@@ -99,7 +99,7 @@ class Preparer:
         self.cdi_dir = cdi_dir
         self.checkpoint = Checkpoint(checkpoint_dir)
         self.dev_root = dev_root
-        self._views: dict[str, policy.PoolView] = {}
+        self._views: dict[str, pools.PoolView] = {}
         self._devices: dict[str, SliceDevice] = {}
 
     def recover(self) -> None:
@@ -131,7 +131,7 @@ class Preparer:
                 "prepare was stopped before it was answered)", self.cdi_dir, removed,
             )  # fmt: skip
 
-    def update(self, views: Sequence[policy.PoolView]) -> list[SliceDevice]:
+    def update(self, views: Sequence[pools.PoolView]) -> list[SliceDevice]:
         """The node's state after a scan; the devices it publishes now. Views that are the
         last ones (a scan that changed nothing keeps them) give the last devices: at the top
         of maxAllocations, making them again took 0.2 s of every scan."""
@@ -283,14 +283,12 @@ class Preparer:
         host_network: bool,
     ) -> Prepared:
         """What prepare writes for a claim whose devices (with their requests) get these HCAs."""
-        allocations: dict[str, policy.Allocation] = {}
+        allocations: dict[str, pools.Allocation] = {}
         hcas: list[str] = []
         granted: dict[str, Hca] = {}
         for name, names in usable.items():
             view = self._views[self._devices[name].pool]
-            allocations[f"{claim.uid}-{name}"] = policy.allocation(
-                view, tuple(names), self.dev_root
-            )
+            allocations[f"{claim.uid}-{name}"] = pools.allocation(view, tuple(names), self.dev_root)
             hcas += [h for h in names if h not in hcas]
             granted |= {h.name: h for h in view.hcas if h.name in names}
         env = {HCAS_ENV: ",".join(hcas)}
@@ -298,7 +296,7 @@ class Preparer:
             env |= _nccl(claim, [granted[h] for h in hcas])
         # one env for the whole claim: each device sets it, to the same value
         allocations = {
-            n: policy.Allocation(a.devices, {**a.envs, **env}) for n, a in allocations.items()
+            n: pools.Allocation(a.devices, {**a.envs, **env}) for n, a in allocations.items()
         }
         devices = tuple(
             PreparedDevice(

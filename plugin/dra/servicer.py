@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from plugin.core.kubeapi import in_background
-from plugin.core.secret import masked
-from plugin.core.terminal import one_line
+from common.secret import masked
+from common.terminal import one_line
+from plugin.core.kube.kubeapi import in_background
 from plugin.dra.api.dra.v1 import api_pb2 as v1
 from plugin.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
 from plugin.dra.api.dra.v1beta1 import api_pb2 as v1beta1

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
 from plugin.config import label
-from plugin.core.kubeapi import KubeApi, KubeApiError, in_background
+from plugin.core.kube.kubeapi import KubeApi, KubeApiError, in_background
 from plugin.dra.devices import SliceDevice, slices
 
 logger = logging.getLogger(__name__)

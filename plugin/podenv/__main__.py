@@ -1,6 +1,6 @@
 import sys
 
-from plugin.core.terminal import exit_on_signals
+from common.terminal import exit_on_signals
 
 exit_on_signals("lingjun-rdma podenv")
 

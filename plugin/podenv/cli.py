@@ -27,12 +27,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
 
-from plugin.core.discovery.model import IBDEV_NAME, Hca
-from plugin.core.discovery.sysfs import SysfsDiscovery
-from plugin.core.gidchoice import COMPUTED, Choice, NoGidError, choose
-from plugin.core.netaddrs import namespace_addresses
-from plugin.core.terminal import Parser, say, write_stdout
-from plugin.core.userfiles import described, user_name, why_not_writable, write_atomically
+from common.terminal import Parser, say, write_stdout
+from common.userfiles import described, user_name, why_not_writable, write_atomically
+from plugin.core.node.discovery.model import IBDEV_NAME, Hca
+from plugin.core.node.discovery.sysfs import SysfsDiscovery
+from plugin.core.podnet.gidchoice import COMPUTED, Choice, NoGidError, choose
+from plugin.core.podnet.netaddrs import namespace_addresses
 from plugin.launch import (
     HCAS_ENV,
     PODENV_MODULE,

@@ -36,7 +36,7 @@ KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Ro
 def applied(cluster: Cluster) -> Iterator[Path]:
     out = cluster.root / "rendered-admission"
     subprocess.run(
-        [str(REPO / ".venv/bin/python"), "-m", "infra.render", "--stack", "local",
+        [str(REPO / ".venv/bin/python"), "-m", "infra.commands.render", "--stack", "local",
          "--out", str(out), "--set", "rdmaApi=dra"],
         cwd=REPO, check=True, timeout=300,
     )  # fmt: skip

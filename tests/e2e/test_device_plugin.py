@@ -12,7 +12,7 @@ import time
 import pytest
 import yaml
 
-from plugin.core.problems import HCA_UNHEALTHY
+from plugin.core.node.problems import HCA_UNHEALTHY
 from plugin.launch import EVENT_NAMESPACE, cdi_spec_name
 from tests.e2e.cluster import NODE, Cluster
 from tests.e2e.kube import Api, allocatable_ids, pod_devices

@@ -27,7 +27,7 @@ def rendered(image: str, cluster: Cluster) -> dict[str, list[dict[str, Any]]]:
     """The local stack rendered with the image under test, by kind."""
     out = cluster.root / "rendered"
     subprocess.run(
-        [str(REPO / ".venv/bin/python"), "-m", "infra.render", "--stack", "local",
+        [str(REPO / ".venv/bin/python"), "-m", "infra.commands.render", "--stack", "local",
          "--out", str(out), "--set", f"pluginImage={image}"],
         cwd=REPO, check=True, timeout=300,
     )  # fmt: skip

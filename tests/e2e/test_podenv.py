@@ -27,7 +27,7 @@ NAMESPACE = "lingjun-rdma"
 def _render(cluster: Cluster, image: str) -> list[dict[str, Any]]:
     out = cluster.root / "rendered-pod-network"
     subprocess.run(
-        [str(REPO / ".venv/bin/python"), "-m", "infra.render", "--stack", "local",
+        [str(REPO / ".venv/bin/python"), "-m", "infra.commands.render", "--stack", "local",
          "--out", str(out), "--set", f"pluginImage={image}",
          "--set", "nonHostNetwork=true", "--set", "computeNetworkIpv6=true",
          "--set", 'sampleJobs=["perftest"]', "--set", f"perftestImage={BUSYBOX_IMAGE}"],

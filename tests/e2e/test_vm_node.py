@@ -15,9 +15,9 @@ from typing import Any, cast
 import pytest
 import yaml
 
-from plugin.core.counters import HW_COUNTERS
-from plugin.core.podqps import POD_QPS
-from plugin.core.problems import HCA_UNHEALTHY
+from plugin.core.metrics.counters import HW_COUNTERS
+from plugin.core.metrics.podqps import POD_QPS
+from plugin.core.node.problems import HCA_UNHEALTHY
 from tests.e2e.cluster import (
     BUSYBOX_IMAGE,
     LINGJUN_LABEL,
@@ -68,7 +68,7 @@ def rendered(control_plane: Cluster) -> dict[str, list[dict[str, Any]]]:
     pod on (the DaemonSet then shares the host's pid namespace)."""
     out = control_plane.root / "rendered"
     subprocess.run(
-        [str(REPO / ".venv/bin/python"), "-m", "infra.render", "--stack", "local",
+        [str(REPO / ".venv/bin/python"), "-m", "infra.commands.render", "--stack", "local",
          "--out", str(out), "--set", f"pluginImage={PLUGIN_IMAGE}",
          "--set", f"perftestImage={PERFTEST_IMAGE}", "--set", "rdmaPodQps=true"],
         cwd=REPO, check=True, timeout=300,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pulumi import automation as auto
 
-from infra.deploy import open_stack
-from infra.keys import PROJECT_DIR
+from infra.commands.deploy import open_stack
+from infra.stack.keys import PROJECT_DIR
 from tests.e2e.conftest import (
     api,
     cluster,

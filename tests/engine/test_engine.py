@@ -1,7 +1,7 @@
 """The real Pulumi engine (CLI v3.277.0 + pulumi-resource-kubernetes v4.25.0, built from the Go
 module proxy) runs the project's own program, Pulumi.yaml and stack files, through the Automation
-API (`infra.deploy`), against the e2e harness's real cluster: kube-apiserver, controller-manager,
-scheduler, kubelet and containerd v1.34.
+API (`infra.commands.deploy`), against the e2e harness's real cluster: kube-apiserver,
+controller-manager, scheduler, kubelet and containerd v1.34.
 
 The `local` stack is deployed, changed and destroyed in the order of the tests below (each one
 starts from what the previous one left); the cloud stacks are previewed as far as the engine goes
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from pulumi import automation as auto
 
-from infra.keys import PROJECT_DIR
+from infra.stack.keys import PROJECT_DIR
 from tests.e2e.cluster import BUSYBOX_IMAGE, NODE, Cluster
 from tests.e2e.kube import Api, ApiError
 from tests.e2e.scenario import node_resource, wait_allocatable
@@ -66,12 +66,12 @@ def local(open_engine_stack: OpenStack, cluster: Cluster, image: str) -> Iterato
 def _deploy(
     action: str, stack: str, workspace: Path, env: dict[str, str]
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m infra.deploy` as a user runs it (`make deploy`), the built CLI on PATH. Every
-    run that is to fail goes through it: when the engine stops a program midway, the SDK's
-    inline program server leaves the program's event loop and sockets behind, which must not
+    """`python -m infra.commands.deploy` as a user runs it (`make deploy`), the built CLI on
+    PATH. Every run that is to fail goes through it: when the engine stops a program midway, the
+    SDK's inline program server leaves the program's event loop and sockets behind, which must not
     outlive a process of their own."""
     return subprocess.run(
-        [sys.executable, "-m", "infra.deploy", action, "--stack", stack,
+        [sys.executable, "-m", "infra.commands.deploy", action, "--stack", stack,
          "--project-dir", str(workspace)],
         cwd=PROJECT_DIR, env={**os.environ, **env}, capture_output=True, text=True,
         timeout=300, check=False,

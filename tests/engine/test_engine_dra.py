@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pulumi import automation as auto
 
-from infra.keys import PROJECT_DIR
+from infra.stack.keys import PROJECT_DIR
 from plugin.config import DEFAULT_MAX_ALLOCATIONS
 from plugin.dra.devices import device_class_name
 from plugin.launch import DRA_DRIVER

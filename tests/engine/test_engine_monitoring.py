@@ -19,8 +19,8 @@ import pytest
 import yaml
 from pulumi import automation as auto
 
-from infra.alerts import alerts
-from infra.keys import PROJECT_DIR
+from infra.components.alerts import alerts
+from infra.stack.keys import PROJECT_DIR
 from tests.e2e.cluster import Cluster
 from tests.e2e.kube import Api, ApiError
 from tests.e2e.procs import eventually

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.keys import PROJECT_DIR
-from infra.offline import Registered, RunResult, manifests, run_program
-from infra.stackfiles import stack_config
+from infra.commands.offline import Registered, RunResult, manifests, run_program
+from infra.stack.files import stack_config
+from infra.stack.keys import PROJECT_DIR
 
 # Every committed stack file: a new one is covered by every stack-parametrized test.
 STACKS = tuple(sorted(p.name.split(".")[1] for p in (PROJECT_DIR / "stacks").glob("Pulumi.*.yaml")))

@@ -7,12 +7,12 @@ import math
 import pytest
 import yaml
 
-from infra.config import BuiltImage, KubeconfigCluster, StackConfig, parse
-from infra.images import is_pinned
-from infra.jobs import JobSpecError, RdmaJobSpec, resolve_host_network
-from infra.keys import PROJECT, PROJECT_DIR, StackConfigError, known_keys
-from infra.offline import RecordingMocks, run_program
-from infra.stackfiles import stack_config
+from infra.commands.offline import RecordingMocks, run_program
+from infra.stack.files import stack_config
+from infra.stack.images import is_pinned
+from infra.stack.keys import PROJECT, PROJECT_DIR, StackConfigError, known_keys
+from infra.stack.model import BuiltImage, KubeconfigCluster, StackConfig, parse
+from infra.stack.samples import JobSpecError, RdmaJobSpec, resolve_host_network
 from plugin.launch import RESCAN_INTERVAL_RANGE
 from tests.infra.conftest import STACKS
 

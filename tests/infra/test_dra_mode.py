@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from infra.config import parse
-from infra.keys import StackConfigError
+from infra.stack.keys import StackConfigError
+from infra.stack.model import parse
 from plugin import launch
 from plugin.dra.devices import device_class, device_class_name
 from plugin.launch import DRA_DRIVER, DraLaunchSpec
@@ -129,7 +129,7 @@ def test_the_device_plugin_stays_the_default_with_no_dra_object() -> None:
 
 
 def _dev_raw(**overrides: str) -> dict[str, str]:
-    from infra.stackfiles import stack_config
+    from infra.stack.files import stack_config
 
     config, _ = stack_config("dev", [f"{k}={v}" for k, v in overrides.items()])
     return {k.split(":", 1)[1]: v for k, v in config.items() if v != ""}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from importlib.metadata import version
 
-from infra.keys import PROJECT_DIR
+from infra.stack.keys import PROJECT_DIR
 
 
 def _built(variable: str) -> str:

@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from infra.alerts import (
+from infra.components.alerts import (
     ACK_TIMEOUT_PER_SECOND,
     CNP_STORM_PER_SECOND,
     LINK_FLAPS,
@@ -16,8 +16,8 @@ from infra.alerts import (
     RETRANSMIT_PER_SECOND,
     alerts,
 )
-from infra.keys import PROJECT_DIR
-from infra.monitoring import ARMS_DISCOVERY, ARMS_NAMESPACE, GRAFANA_DASHBOARD_LABEL
+from infra.components.monitoring import ARMS_DISCOVERY, ARMS_NAMESPACE, GRAFANA_DASHBOARD_LABEL
+from infra.stack.keys import PROJECT_DIR
 from tests.infra.conftest import k8s_object, k8s_objects, of_type, one, run
 from tests.infra.test_config import _error
 

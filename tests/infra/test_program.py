@@ -11,12 +11,13 @@ import yaml
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import get_monitor
 
-from infra.credentials import SECRET
-from infra.device_plugin import registry_endpoint
-from infra.jobs import JOB_CREATED, LINGJUN_NCCL_ENV, RDMA_ENV_FILE, SAMPLES, job_spec
-from infra.keys import StackConfigError
-from infra.offline import RunResult, manifests, normalize, run_program
-from infra.stackfiles import stack_config
+from infra.commands.offline import RunResult, manifests, normalize, run_program
+from infra.components.jobs import JOB_CREATED, RDMA_ENV_FILE, job_spec
+from infra.components.node_agent import registry_endpoint
+from infra.stack.credentials import SECRET
+from infra.stack.files import stack_config
+from infra.stack.keys import StackConfigError
+from infra.stack.samples import LINGJUN_NCCL_ENV, SAMPLES
 from plugin import launch
 from plugin.config import DEFAULT_MAX_ALLOCATIONS, parse_config
 from plugin.launch import (

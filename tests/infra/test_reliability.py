@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import MAX_NODE_COUNT, StackConfig, parse, parse_stack
-from infra.credentials import kubeconfig_credential
-from infra.images import reference_problem
-from infra.jobs import JOB_RANGES, JobSpecError, RdmaJobSpec
-from infra.keys import (
+from common.userfiles import MAX_DIGITS, MAX_FILE_BYTES
+from infra.commands.render import MARKER, OutputError, _remove_render, render
+from infra.stack.credentials import kubeconfig_credential
+from infra.stack.files import StackFileError, stack_config
+from infra.stack.images import reference_problem
+from infra.stack.keys import (
     DURATION_RANGES,
     PROJECT,
     PROJECT_DIR,
@@ -34,15 +35,17 @@ from infra.keys import (
     format_seconds,
     unknown_key_problems,
 )
-from infra.keys import seconds as keys_seconds
-from infra.render import MARKER, OutputError, _remove_render, render
-from infra.stackfiles import StackFileError, stack_config
+from infra.stack.keys import seconds as keys_seconds
+from infra.stack.model import MAX_NODE_COUNT, StackConfig, parse, parse_stack
+from infra.stack.samples import JOB_RANGES, JobSpecError, RdmaJobSpec
 from plugin.config import MAX_ALLOCATIONS_LIMIT, MAX_DEVICE_IDS, MAX_POOLS
-from plugin.core.userfiles import MAX_DIGITS, MAX_FILE_BYTES
 from plugin.deviceplugin.wire import KUBELET_MESSAGE_MAX
 from plugin.launch import MAX_UNIX_PATH, RESCAN_INTERVAL_RANGE
 
 SENTINEL = "s3cr3t-Zq9"  # a value that must never appear in what the project writes
+
+
+RENDER, DEPLOY = "infra.commands.render", "infra.commands.deploy"
 
 
 def _cli(
@@ -122,7 +125,7 @@ def test_a_kubeconfig_given_as_a_secret_reaches_no_rendered_file(
 ) -> None:
     # --set on a credential key is stored as `pulumi config set --secret` would store it
     done = _cli(
-        "infra.render", "--stack", "local", "--out", "out", "--set", f"kubeconfig={kubeconfig}",
+        RENDER, "--stack", "local", "--out", "out", "--set", f"kubeconfig={kubeconfig}",
         cwd=tmp_path,
     )  # fmt: skip
 
@@ -150,7 +153,7 @@ def test_an_image_reference_holding_a_login_is_refused_without_quoting_it(
     images = [f"--set={k}=registry.example.com/x:1" for k in
               ("perftestImage", "hpsBenchmarkImage", "ncclTestsImage") if k != key]  # fmt: skip
     done = _cli(
-        "infra.render", "--stack", "dev", "--out", "out", samples, *images, f"--set={key}={image}",
+        RENDER, "--stack", "dev", "--out", "out", samples, *images, f"--set={key}={image}",
         cwd=tmp_path,
     )  # fmt: skip
 
@@ -219,7 +222,13 @@ def test_a_number_outside_its_range_is_refused_in_one_line_before_planning(
     tmp_path: Path, key: str, value: str, said: str
 ) -> None:
     done = _cli(
-        "infra.render", "--stack", "dev", "--out", "out", f"--set={key}={value}", cwd=tmp_path
+        RENDER,
+        "--stack",
+        "dev",
+        "--out",
+        "out",
+        f"--set={key}={value}",
+        cwd=tmp_path,
     )
 
     assert done.returncode == 1, done.stderr
@@ -236,7 +245,7 @@ def test_each_durations_bounds_are_accepted(
 ) -> None:
     for bound in seconds:
         done = _cli(
-            "infra.render", "--stack", "dev", "--out", f"out-{bound}",
+            RENDER, "--stack", "dev", "--out", f"out-{bound}",
             f"--set={key}={format_seconds(bound)}", cwd=tmp_path,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
@@ -255,9 +264,9 @@ def test_a_key_given_twice_in_a_stack_file_is_refused(tmp_path: Path) -> None:
 
 
 def _preview(cwd: Path, path: str, stdout: int = subprocess.PIPE) -> subprocess.Popen[str]:
-    """`python -m infra.deploy preview --stack local` with PATH `path` (a fake `pulumi`)."""
+    """`python -m infra.commands.deploy preview --stack local`, PATH `path` (a fake `pulumi`)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
+        [sys.executable, "-m", DEPLOY, "preview", "--stack", "local"],
         cwd=cwd, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path},
         stdout=stdout, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -313,7 +322,7 @@ def test_deploy_that_cannot_start_says_why_in_one_line(
     path = setup(tmp_path / "bin")
     stack = () if "--stack" in args else ("--stack", "nope" if "--stack nope" in said else "local")
 
-    done = _cli("infra.deploy", "preview", *stack, *args, cwd=tmp_path, path=path)
+    done = _cli(DEPLOY, "preview", *stack, *args, cwd=tmp_path, path=path)
 
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
@@ -332,7 +341,7 @@ def test_a_version_check_a_child_keeps_open_is_not_run_again_unbounded(tmp_path:
         '*) echo "error: no backend here" >&2; exit 7;; esac\n',
     )
 
-    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path)
+    done = _cli(DEPLOY, "preview", "--stack", "local", cwd=tmp_path, path=path)
 
     assert done.returncode == 1, done.stderr
     assert "failed (code: 7)" in done.stderr
@@ -350,7 +359,7 @@ def test_one_huge_line_of_the_engine_is_relayed_once_cut(tmp_path: Path) -> None
         "exit 3\n",
     )
 
-    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path)
+    done = _cli(DEPLOY, "preview", "--stack", "local", cwd=tmp_path, path=path)
 
     lines = done.stdout.splitlines()
     assert done.returncode == 1, done.stderr
@@ -363,7 +372,7 @@ def test_a_cli_killed_by_a_signal_is_said_by_the_signals_name(tmp_path: Path) ->
         '#!/bin/sh\n[ "$1" = version ] && { echo v3.277.0; exit 0; }\nkill -KILL $$\n',
     )
 
-    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path)
+    done = _cli(DEPLOY, "preview", "--stack", "local", cwd=tmp_path, path=path)
 
     assert done.returncode == 1, done.stderr
     assert "failed (`pulumi` was killed by SIGKILL)" in done.stderr
@@ -386,7 +395,7 @@ def test_what_a_failing_cli_says_is_read_and_bounded_never_waited_on(
         f'#!/bin/sh\n[ "$1" = version ] && {{ echo v3.277.0; exit 0; }}\n{answer}\n',
     )
 
-    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path)
+    done = _cli(DEPLOY, "preview", "--stack", "local", cwd=tmp_path, path=path)
 
     assert done.returncode == 1, done.stderr
     assert "failed (code: 3)" in done.stderr
@@ -405,7 +414,7 @@ def test_what_a_failing_cli_says_is_read_and_bounded_never_waited_on(
 def test_a_config_refusal_is_one_line_naming_stack_key_and_fix(
     tmp_path: Path, setting: str, said: str
 ) -> None:
-    done = _cli("infra.render", "--stack", "dev", "--out", "out", "--set", setting, cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "dev", "--out", "out", "--set", setting, cwd=tmp_path)
 
     assert done.returncode == 1, done.stderr
     (line,) = done.stderr.splitlines()
@@ -482,7 +491,7 @@ def test_removing_a_previous_render_deletes_only_its_listed_unchanged_files(
 def test_a_file_saved_into_out_while_a_render_runs_survives(tmp_path: Path) -> None:
     render("local", tmp_path / "out")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "infra.render", "--stack", "local", "--out", "out"],
+        [sys.executable, "-m", RENDER, "--stack", "local", "--out", "out"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -504,7 +513,7 @@ def test_ctrl_c_during_a_render_is_one_line_and_leaves_no_half_render(
     tmp_path: Path, delay: float
 ) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "infra.render", "--stack", "local", "--out", "out"],
+        [sys.executable, "-m", RENDER, "--stack", "local", "--out", "out"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -532,7 +541,7 @@ def test_ctrl_c_during_a_render_is_one_line_and_leaves_no_half_render(
 def test_an_out_the_file_system_refuses_is_one_line(
     tmp_path: Path, setup: Callable[[Path], str], said: str
 ) -> None:
-    done = _cli("infra.render", "--stack", "local", "--out", setup(tmp_path), cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "local", "--out", setup(tmp_path), cwd=tmp_path)
 
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
@@ -544,7 +553,7 @@ def test_an_out_the_file_system_refuses_is_one_line(
 def test_a_render_whose_report_cannot_be_printed_is_still_a_render(tmp_path: Path) -> None:
     with open("/dev/full", "w") as full:
         done = subprocess.run(
-            [sys.executable, "-m", "infra.render", "--stack", "local", "--out", "out"],
+            [sys.executable, "-m", RENDER, "--stack", "local", "--out", "out"],
             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
             stdout=full, stderr=subprocess.PIPE, text=True, timeout=180, check=False,
         )  # fmt: skip
@@ -558,7 +567,7 @@ def test_a_render_whose_report_cannot_be_printed_is_still_a_render(tmp_path: Pat
 
 def test_a_set_without_equals_never_quotes_what_may_be_a_password(tmp_path: Path) -> None:
     done = _cli(
-        "infra.render", "--stack", "prod", "--out", "out", f"--set=registryPassword:{SENTINEL}",
+        RENDER, "--stack", "prod", "--out", "out", f"--set=registryPassword:{SENTINEL}",
         cwd=tmp_path,
     )  # fmt: skip
 
@@ -656,7 +665,7 @@ def test_values_a_cloud_or_cluster_would_refuse_later_are_refused_at_once(
     tmp_path: Path, override: str, said: str
 ) -> None:
     extra = ["--set=perftestImage=registry.example.com/p:1"] if "sampleJobs" in override else []
-    done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--set={override}", *extra,
+    done = _cli(RENDER, "--stack", "dev", "--out", "out", f"--set={override}", *extra,
                 cwd=tmp_path)  # fmt: skip
 
     assert done.returncode == 1, done.stderr
@@ -664,7 +673,7 @@ def test_values_a_cloud_or_cluster_would_refuse_later_are_refused_at_once(
 
 
 def test_an_adopted_cluster_by_id_and_by_kubeconfig_at_once_is_refused(tmp_path: Path) -> None:
-    done = _cli("infra.render", "--stack", "local", "--out", "out", "--set=clusterId=c123",
+    done = _cli(RENDER, "--stack", "local", "--out", "out", "--set=clusterId=c123",
                 cwd=tmp_path)  # fmt: skip
 
     assert done.returncode == 1
@@ -697,7 +706,7 @@ def test_a_stack_file_that_is_a_fifo_is_named_as_one(tmp_path: Path) -> None:
 def test_deploy_with_a_pulumi_that_never_answers_says_so(tmp_path: Path) -> None:
     path = _fake_pulumi(tmp_path / "bin", "#!/bin/sh\nexec sleep 3600\n")
 
-    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path)
+    done = _cli(DEPLOY, "preview", "--stack", "local", cwd=tmp_path, path=path)
 
     assert done.returncode == 2
     waiting, line = done.stderr.splitlines()
@@ -709,7 +718,7 @@ def test_deploy_with_a_pulumi_that_is_not_executable_says_so(tmp_path: Path) -> 
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "pulumi").write_text("#!/bin/sh\n")
 
-    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path,
+    done = _cli(DEPLOY, "preview", "--stack", "local", cwd=tmp_path,
                 path=f"{tmp_path / 'bin'}:/usr/bin:/bin")  # fmt: skip
 
     assert done.returncode == 2
@@ -759,7 +768,7 @@ def test_a_render_list_naming_a_file_a_render_never_names_deletes_nothing(
 def test_an_out_below_a_regular_file_says_so(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("")
 
-    done = _cli("infra.render", "--stack", "local", "--out", "afile/sub", cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "local", "--out", "afile/sub", cwd=tmp_path)
 
     assert done.returncode == 2
     assert f"--out {tmp_path / 'afile' / 'sub'}: {tmp_path / 'afile'} is not a directory" in (
@@ -771,7 +780,7 @@ def test_a_sigterm_during_a_render_leaves_nothing_half_written(tmp_path: Path) -
     for delay in (0.5, 1.6, 1.9, 2.1):
         out = tmp_path / f"out-{delay}"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.render", "--stack", "dev", "--out", str(out)],
+            [sys.executable, "-m", RENDER, "--stack", "dev", "--out", str(out)],
             env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)}, stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL, text=True,
         )  # fmt: skip
@@ -869,7 +878,7 @@ def test_a_key_pulumi_yaml_declares_but_the_program_does_not_read_is_named_there
 
     assert str(caught.value) == (
         "Pulumi.yaml: declares newKey, which the program does not read: remove it from "
-        "Pulumi.yaml, or give it a field in infra/keys.py"
+        "Pulumi.yaml, or give it a field in infra/stack/keys.py"
     )
 
 
@@ -895,7 +904,7 @@ def test_a_key_pulumi_yaml_declares_but_the_program_does_not_read_is_named_there
 def test_stack_values_of_no_use_or_no_shape_are_refused(
     tmp_path: Path, override: str, said: str
 ) -> None:
-    done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--set={override}", cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "dev", "--out", "out", f"--set={override}", cwd=tmp_path)
 
     assert done.returncode == 1, done.stderr
     assert said in done.stderr
@@ -903,7 +912,7 @@ def test_stack_values_of_no_use_or_no_shape_are_refused(
 
 
 def test_a_set_key_that_is_no_key_is_refused(tmp_path: Path) -> None:
-    done = _cli("infra.render", "--stack", "dev", "--out", "out", "--set=:=x", cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "dev", "--out", "out", "--set=:=x", cwd=tmp_path)
 
     assert done.returncode == 2
     assert "--set number 1: expected KEY=VALUE with KEY a config key" in done.stderr
@@ -927,7 +936,7 @@ def test_deploy_says_what_it_waits_for_before_the_engine_answers(tmp_path: Path)
 @pytest.mark.parametrize("kubeconfig", ["not: [valid", f"{SENTINEL}-just-a-string"])
 def test_a_kubeconfig_given_as_a_secret_must_still_be_one(tmp_path: Path, kubeconfig: str) -> None:
     done = _cli(
-        "infra.render", "--stack", "local", "--out", "out", f"--set=kubeconfig={kubeconfig}",
+        RENDER, "--stack", "local", "--out", "out", f"--set=kubeconfig={kubeconfig}",
         cwd=tmp_path,
     )  # fmt: skip
 
@@ -958,7 +967,7 @@ def test_an_encrypted_credential_is_taken_as_a_secret_without_its_value(tmp_path
 
 def test_a_key_set_twice_on_the_command_line_is_refused(tmp_path: Path) -> None:
     twice = ("--set=nonHostNetwork=true", "--set=nonHostNetwork=false")
-    done = _cli("infra.render", "--stack", "dev", "--out", "out", *twice, cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "dev", "--out", "out", *twice, cwd=tmp_path)
 
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines()[-1].endswith("--set nonHostNetwork: given twice: keep one")
@@ -988,7 +997,7 @@ def test_a_resource_name_whose_socket_path_is_too_long_is_refused_before_plannin
 ) -> None:
     name = "rdma." + "d" * 50 + ".example.com/hca"  # valid, but its socket path is 124 bytes
 
-    done = _cli("infra.render", "--stack", "dev", "--out", "out",
+    done = _cli(RENDER, "--stack", "dev", "--out", "out",
                 f"--set=rdmaResourceName={name}", cwd=tmp_path)  # fmt: skip
 
     assert done.returncode == 1, done.stderr
@@ -1004,7 +1013,7 @@ def test_shared_ids_over_the_kubelets_message_limit_are_refused_before_planning(
     every ListAndWatch. The DRA driver publishes slices instead: no such bound."""
     # a name of 40 characters makes the IDs long; DRA names no resource (its key is refused)
     name = [f"--set=rdmaResourceName=rdma/{'s' * 40}"] if api == "devicePlugin" else []
-    done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--set=rdmaApi={api}",
+    done = _cli(RENDER, "--stack", "dev", "--out", "out", f"--set=rdmaApi={api}",
                 "--set=kubernetesVersion=1.34.1-aliyun.1", "--set=rdmaMaxAllocations=100000",
                 *name, cwd=tmp_path)  # fmt: skip
 
@@ -1031,7 +1040,7 @@ def test_a_failing_engine_command_is_named_with_its_code_and_last_stderr_lines(
     )
     path = _fake_pulumi(tmp_path / "bin", script)
 
-    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path)
+    done = _cli(DEPLOY, "preview", "--stack", "local", cwd=tmp_path, path=path)
 
     assert done.returncode == 1, done.stderr
     lines = done.stderr.splitlines()
@@ -1042,7 +1051,7 @@ def test_a_failing_engine_command_is_named_with_its_code_and_last_stderr_lines(
 
 
 def test_unrecognized_arguments_are_refused_without_being_echoed(tmp_path: Path) -> None:
-    done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--password={SENTINEL}",
+    done = _cli(RENDER, "--stack", "dev", "--out", "out", f"--password={SENTINEL}",
                 cwd=tmp_path)  # fmt: skip
 
     assert done.returncode == 2
@@ -1071,8 +1080,8 @@ def test_a_program_without_set_gives_no_set_example(tmp_path: Path) -> None:
         ("plugin.deviceplugin", ("--rescan-interval", SENTINEL)),
         ("plugin.deviceplugin", ("--metrics-address", SENTINEL)),
         ("plugin.podenv", ("--hcas", "mlx5_0", "--family", SENTINEL)),
-        ("infra.deploy", (SENTINEL, "--stack", "dev")),
-        ("infra.render", ("--stack", f"{SENTINEL}!", "--out", "out")),
+        (DEPLOY, (SENTINEL, "--stack", "dev")),
+        (RENDER, ("--stack", f"{SENTINEL}!", "--out", "out")),
     ],
     ids=["choice", "float", "launch-spec", "podenv-choice", "deploy-action", "stack-name"],
 )  # fmt: skip
@@ -1090,7 +1099,7 @@ def test_a_bad_flag_value_is_one_line_that_does_not_quote_it(
 def test_a_list_nested_too_deep_in_set_is_one_line(tmp_path: Path) -> None:
     deep = "[" * 5000 + "]" * 5000
 
-    done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--set=zoneIds={deep}",
+    done = _cli(RENDER, "--stack", "dev", "--out", "out", f"--set=zoneIds={deep}",
                 cwd=tmp_path)  # fmt: skip
 
     assert done.returncode == 1
@@ -1126,7 +1135,7 @@ def test_a_stack_file_the_cli_would_read_otherwise_is_refused(
 
 
 def test_an_adopted_clusters_keys_on_a_stack_that_creates_one_are_refused(tmp_path: Path) -> None:
-    done = _cli("infra.render", "--stack", "dev", "--out", "out", "--set=clusterId=c123",
+    done = _cli(RENDER, "--stack", "dev", "--out", "out", "--set=clusterId=c123",
                 cwd=tmp_path)  # fmt: skip
 
     assert done.returncode == 1
@@ -1197,7 +1206,7 @@ def test_a_stop_during_the_engine_is_said_at_once_and_a_second_stop_kills_it(
     path = _fake_pulumi(tmp_path / "bin", script)
     env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path}
     with subprocess.Popen(
-        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
+        [sys.executable, "-m", DEPLOY, "preview", "--stack", "local"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) as proc:  # fmt: skip
         assert proc.stdout is not None
@@ -1247,7 +1256,7 @@ def test_the_passphrase_and_token_are_masked_and_controls_escaped_in_what_the_en
         (tmp_path / "phrase").write_text(passphrase + "\n")
         env["PULUMI_CONFIG_PASSPHRASE_FILE"] = str(tmp_path / "phrase")
 
-    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path, env=env)
+    done = _cli(DEPLOY, "preview", "--stack", "local", cwd=tmp_path, path=path, env=env)
 
     said = done.stdout + done.stderr
     assert done.returncode == 1, done.stderr
@@ -1276,7 +1285,7 @@ def test_cloud_and_backend_credentials_are_masked_in_what_the_engine_says(tmp_pa
     path = _fake_pulumi(tmp_path / "bin", script)
     env = credentials
 
-    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path, env=env)
+    done = _cli(DEPLOY, "preview", "--stack", "local", cwd=tmp_path, path=path, env=env)
 
     said = done.stdout + done.stderr
     assert done.returncode == 1, done.stderr
@@ -1293,7 +1302,7 @@ def test_a_passphrase_file_deploy_cannot_read_is_said_as_not_masked(tmp_path: Pa
     big.write_text("x" * (2 << 20))
     env = {"PULUMI_CONFIG_PASSPHRASE_FILE": str(big)}
 
-    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path, env=env)
+    done = _cli(DEPLOY, "preview", "--stack", "local", cwd=tmp_path, path=path, env=env)
 
     assert done.stderr.splitlines()[0] == (
         f"deploy: PULUMI_CONFIG_PASSPHRASE_FILE {big}: over 1024 KiB: the passphrase in it is "
@@ -1307,7 +1316,7 @@ def test_a_short_passphrase_is_said_to_be_masked_only_where_it_stands_alone(
     path = _fake_pulumi(tmp_path / "bin", "#!/bin/sh\necho v3.277.0\n")
     env = {"PULUMI_CONFIG_PASSPHRASE": "Zq7Xw9K"}
 
-    done = _cli("infra.deploy", "preview", "--stack", "local", cwd=tmp_path, path=path, env=env)
+    done = _cli(DEPLOY, "preview", "--stack", "local", cwd=tmp_path, path=path, env=env)
 
     assert done.stderr.splitlines()[0] == (
         "deploy: PULUMI_CONFIG_PASSPHRASE: fewer than 8 characters, masked in the engine's "
@@ -1318,7 +1327,7 @@ def test_a_short_passphrase_is_said_to_be_masked_only_where_it_stands_alone(
 
 _STOP_SWALLOWED = """
 import os, signal
-from infra.interrupt import exit_quietly, guard
+from infra.commands.interrupt import exit_quietly, guard
 exit_quietly("prog")
 try:
     os.kill(os.getpid(), signal.SIGTERM)
@@ -1353,7 +1362,7 @@ def test_a_burst_of_stop_signals_during_the_engine_is_one_stop_not_a_kill(
     path = _fake_pulumi(tmp_path / "bin", script)
     env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path}
     with subprocess.Popen(
-        [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
+        [sys.executable, "-m", DEPLOY, "preview", "--stack", "local"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) as proc:  # fmt: skip
         assert proc.stdout is not None
@@ -1387,7 +1396,7 @@ def test_a_pulumi_whose_answer_cannot_be_read_is_one_line(tmp_path: Path, answer
         f'#!/bin/sh\nif [ "$1" = version ]; then echo v3.277.0; exit 0; fi\n{answer}',
     )
 
-    done = _cli("infra.deploy", "up", "--stack", "local", cwd=tmp_path, path=path)
+    done = _cli(DEPLOY, "up", "--stack", "local", cwd=tmp_path, path=path)
 
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
@@ -1400,7 +1409,7 @@ def test_a_deploy_whose_stdout_is_full_says_so_on_stderr(tmp_path: Path) -> None
     env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PATH": path}
     with open("/dev/full", "w") as full:
         done = subprocess.run(
-            [sys.executable, "-m", "infra.deploy", "preview", "--stack", "local"],
+            [sys.executable, "-m", DEPLOY, "preview", "--stack", "local"],
             cwd=tmp_path, env=env, stdout=full, stderr=subprocess.PIPE, text=True,
             timeout=120, check=False,
         )  # fmt: skip
@@ -1569,7 +1578,7 @@ def test_what_killed_renders_left_beside_out_is_removed_by_the_next_and_nothing_
 def test_a_read_only_mount_point_as_out_says_so(mounted_out: Path, tmp_path: Path) -> None:
     subprocess.run(["mount", "-o", "remount,ro", str(mounted_out)], check=True)
 
-    done = _cli("infra.render", "--stack", "local", "--out", str(mounted_out), cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "local", "--out", str(mounted_out), cwd=tmp_path)
 
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == [
@@ -1588,7 +1597,7 @@ def test_an_out_on_a_read_only_file_system_says_so_not_chmod(
         out.mkdir()
     subprocess.run(["mount", "-o", "remount,ro", str(mounted_out)], check=True)
 
-    done = _cli("infra.render", "--stack", "local", "--out", str(out), cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "local", "--out", str(out), cwd=tmp_path)
 
     where = f"{out}:" if exists else f"{out}: {mounted_out}"
     assert done.returncode == 2, done.stderr
@@ -1600,8 +1609,8 @@ def test_an_out_on_a_read_only_file_system_says_so_not_chmod(
 
 @pytest.mark.parametrize(
     ("prog", "args", "flag"),
-    [("infra.render", ("--stack", "dev", "--stack=prod", "--out", "out"), "--stack"),
-     ("infra.deploy", ("preview", "--stack", "dev", "--stack", "prod"), "--stack"),
+    [(RENDER, ("--stack", "dev", "--stack=prod", "--out", "out"), "--stack"),
+     (DEPLOY, ("preview", "--stack", "dev", "--stack", "prod"), "--stack"),
      ("plugin.podenv", ("--family", "ipv6", "--family", "ipv4"), "--family")],
     ids=["render", "deploy", "podenv"],
 )  # fmt: skip
@@ -1624,7 +1633,7 @@ def test_a_flag_that_takes_one_value_given_twice_is_refused(
      ("plugin.deviceplugin", ("--kubeconfig", "/tmp/bad\nINJECTED line")),
      ("plugin.dra", ("--kubeconfig", "/tmp/bad\nINJECTED line", "--node-name", "n1")),
      ("plugin.podenv", ("--hcas", "mlx5_0", "--sysfs-root", "/tmp/bad\nINJECTED line")),
-     ("infra.deploy", ("preview", "--stack", "local", "--project-dir", "/tmp/bad\nINJECTED line"))],
+     (DEPLOY, ("preview", "--stack", "local", "--project-dir", "/tmp/bad\nINJECTED line"))],
     ids=["plugin-config", "plugin-kubeconfig", "dra-kubeconfig", "podenv-sysfs", "deploy-project"],
 )  # fmt: skip
 def test_a_line_break_in_a_path_is_escaped_in_its_flags_refusal(
@@ -1641,7 +1650,7 @@ def test_a_line_break_in_a_path_is_escaped_in_its_flags_refusal(
 
 def test_a_render_to_a_path_stdout_cannot_encode_is_said_escaped(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "infra.render", "--stack", "dev", "--out", "out-ü"],
+        [sys.executable, "-m", RENDER, "--stack", "dev", "--out", "out-ü"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
         env={**os.environ, "PYTHONPATH": str(PROJECT_DIR), "PYTHONIOENCODING": "ascii"},
     )  # fmt: skip
@@ -1657,7 +1666,7 @@ def test_a_burst_of_different_stop_signals_is_one_line_and_the_first_ones_code(
     traceback from inside the import machinery."""
     for _ in range(3):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.render", "--stack", "dev", "--out", "out"],
+            [sys.executable, "-m", RENDER, "--stack", "dev", "--out", "out"],
             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
@@ -1679,7 +1688,7 @@ def test_stop_signals_a_few_ms_apart_are_one_stop_not_a_death_in_the_exit(
     finalization puts back: killed (-15) after saying it stopped by the first."""
     for _ in range(3):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.render", "--stack", "dev", "--out", "out"],
+            [sys.executable, "-m", RENDER, "--stack", "dev", "--out", "out"],
             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
@@ -1700,7 +1709,7 @@ def test_after_the_work_a_stop_signal_is_ignored_not_left_to_finalization(tmp_pa
     # SIGTERM then, with the render written, killed it silently (-15). Ignored, it exits 0.
     program = (
         "import atexit, sys\n"
-        "from infra.interrupt import guard\n"
+        "from infra.commands.interrupt import guard\n"
         "def show():\n"
         "    status = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
         "    print(int(status['SigIgn'], 16) >> 14 & 1, int(status['SigCgt'], 16) >> 14 & 1)\n"
@@ -1744,7 +1753,7 @@ def test_after_the_work_a_stop_signal_is_ignored_not_left_to_finalization(tmp_pa
 def test_a_list_or_cidr_key_refused_gets_the_fix_the_cli_takes(
     tmp_path: Path, setting: str, said: str
 ) -> None:
-    done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--set={setting}", cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "dev", "--out", "out", f"--set={setting}", cwd=tmp_path)
 
     assert done.returncode == 1, done.stderr
     assert said in done.stderr
@@ -1756,7 +1765,7 @@ def test_an_out_that_is_a_link_to_nothing_is_refused_and_nothing_made_there(
 ) -> None:
     (tmp_path / "out").symlink_to(tmp_path / "elsewhere")
 
-    done = _cli("infra.render", "--stack", "dev", "--out", "out", cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "dev", "--out", "out", cwd=tmp_path)
 
     assert done.returncode == 2, done.stderr
     assert "a symbolic link to nothing" in done.stderr
@@ -1764,7 +1773,7 @@ def test_an_out_that_is_a_link_to_nothing_is_refused_and_nothing_made_there(
 
 
 def test_an_out_with_a_line_break_is_said_on_one_line(tmp_path: Path) -> None:
-    done = _cli("infra.render", "--stack", "local", "--out", "x\nINJECTED", cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "local", "--out", "x\nINJECTED", cwd=tmp_path)
 
     assert done.returncode == 0, done.stderr
     (said,) = done.stdout.splitlines()
@@ -1776,7 +1785,7 @@ def test_an_out_with_a_line_break_is_said_on_one_line(tmp_path: Path) -> None:
 def test_an_out_under_or_at_a_symlink_loop_is_one_line(tmp_path: Path, out: str) -> None:
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
 
-    done = _cli("infra.render", "--stack", "dev", "--out", out, cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "dev", "--out", out, cwd=tmp_path)
 
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
@@ -1785,7 +1794,7 @@ def test_an_out_under_or_at_a_symlink_loop_is_one_line(tmp_path: Path, out: str)
 
 
 def test_an_empty_out_is_refused_not_taken_as_the_current_directory(tmp_path: Path) -> None:
-    done = _cli("infra.render", "--stack", "dev", "--out", "", cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "dev", "--out", "", cwd=tmp_path)
 
     assert done.returncode == 2, done.stderr
     assert "argument --out: empty: name the directory to render into" in done.stderr
@@ -1798,7 +1807,7 @@ def test_an_existing_empty_out_keeps_its_owner_group_and_mode(tmp_path: Path) ->
     os.chown(out, 1234, 1234)  # the tests run as root, as CI does
     out.chmod(0o2770)  # a shared group's directory
 
-    done = _cli("infra.render", "--stack", "dev", "--out", "out", cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "dev", "--out", "out", cwd=tmp_path)
 
     assert done.returncode == 0, done.stderr
     kept = out.stat()
@@ -1861,7 +1870,7 @@ def test_a_pulumi_yaml_without_its_config_section_says_so_once(tmp_path: Path, c
 def test_a_value_the_cloud_would_refuse_later_is_refused_at_preview(
     tmp_path: Path, setting: str, said: str
 ) -> None:
-    done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--set={setting}", cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "dev", "--out", "out", f"--set={setting}", cwd=tmp_path)
 
     assert done.returncode == 1, done.stderr
     assert said in done.stderr
@@ -1870,7 +1879,7 @@ def test_a_value_the_cloud_would_refuse_later_is_refused_at_preview(
 
 def test_a_set_value_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "infra.render", "--stack", "dev", "--out", "out",
+        [sys.executable, "-m", RENDER, "--stack", "dev", "--out", "out",
          b"--set=registryUsername=a\xffb"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
         capture_output=True, text=True, timeout=180, check=False,
@@ -1888,7 +1897,7 @@ def test_a_key_under_a_misspelt_project_name_is_named_with_ours(
     tmp_path: Path, namespace: str
 ) -> None:
     done = _cli(
-        "infra.render", "--stack", "local", "--out", "out",
+        RENDER, "--stack", "local", "--out", "out",
         f"--set={namespace}:rdmaPodQps=true", cwd=tmp_path,
     )  # fmt: skip
 
@@ -1912,7 +1921,7 @@ def test_a_key_given_with_set_is_removed_by_dropping_that_flag(
     tmp_path: Path, given: str, said: str
 ) -> None:
     """Its fix was `pulumi config rm`, of a key the stack never held."""
-    done = _cli("infra.render", "--stack", "dev", "--out", "out", f"--set={given}", cwd=tmp_path)
+    done = _cli(RENDER, "--stack", "dev", "--out", "out", f"--set={given}", cwd=tmp_path)
 
     assert done.returncode == 1, done.stderr
     assert done.stderr.splitlines() == [f"render: dev: error: {said}"]
@@ -1941,7 +1950,7 @@ def test_deploy_says_each_key_it_refuses_on_a_line_of_its_own(tmp_path: Path) ->
     (project / "stacks/Pulumi.local.yaml").write_text(local + bad)
     path = _fake_pulumi(tmp_path / "bin", "#!/bin/sh\necho v3.277.0\n")
 
-    done = _cli("infra.deploy", "preview", "--stack", "local", "--project-dir", str(project),
+    done = _cli(DEPLOY, "preview", "--stack", "local", "--project-dir", str(project),
                 cwd=tmp_path, path=path)  # fmt: skip
 
     assert done.returncode == 2, done.stderr
@@ -1964,7 +1973,7 @@ def test_deploy_refuses_a_stack_render_refuses_before_any_pulumi_runs(tmp_path: 
     calls = tmp_path / "calls"
     path = _fake_pulumi(tmp_path / "bin", f'#!/bin/sh\necho "$@" >> {calls}\necho v3.277.0\n')
 
-    done = _cli("infra.deploy", "preview", "--stack", "local", "--project-dir", str(project),
+    done = _cli(DEPLOY, "preview", "--stack", "local", "--project-dir", str(project),
                 cwd=tmp_path, path=path)  # fmt: skip
 
     assert done.returncode == 2, done.stderr
@@ -1990,7 +1999,7 @@ def test_deploy_says_a_refused_config_and_goes_on_where_the_program_does_not_run
     calls = tmp_path / "calls"
     path = _fake_pulumi(tmp_path / "bin", f'#!/bin/sh\necho "$@" >> {calls}\necho v3.277.0\n')
 
-    done = _cli("infra.deploy", action, "--stack", "local", "--project-dir", str(project),
+    done = _cli(DEPLOY, action, "--stack", "local", "--project-dir", str(project),
                 cwd=tmp_path, path=path)  # fmt: skip
 
     said = done.stderr.splitlines()
@@ -2022,7 +2031,7 @@ def test_an_out_its_user_cannot_write_is_named_not_its_parent(
 
     done = subprocess.run(
         ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-         sys.executable, "-m", "infra.render", "--stack", "dev", "--out", str(out)],
+         sys.executable, "-m", RENDER, "--stack", "dev", "--out", str(out)],
         cwd=shared, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR), "HOME": str(shared)},
         capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
@@ -2046,7 +2055,7 @@ def test_an_out_of_ones_own_in_a_dir_one_cannot_write_is_rendered_in_place(
     def render_as_nobody(*flags: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
-             "-m", "infra.render", "--stack", "dev", "--out", str(out), *flags],
+             "-m", RENDER, "--stack", "dev", "--out", str(out), *flags],
             cwd=shared_dir, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR),
                                  "HOME": str(shared_dir)},
             capture_output=True, text=True, timeout=180, check=False,
@@ -2070,7 +2079,7 @@ def test_an_out_under_a_dir_its_user_cannot_enter_names_that_dir(shared_dir: Pat
 
     done = subprocess.run(
         ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-         sys.executable, "-m", "infra.render", "--stack", "dev", "--out", str(out)],
+         sys.executable, "-m", RENDER, "--stack", "dev", "--out", str(out)],
         cwd=shared_dir, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR), "HOME": str(shared_dir)},
         capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip

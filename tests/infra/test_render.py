@@ -14,8 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from infra.keys import PROJECT_DIR
-from infra.offline import (
+from infra.commands.offline import (
     OFFLINE_KUBECONFIG,
     SECRET,
     Registered,
@@ -23,8 +22,9 @@ from infra.offline import (
     RunResult,
     check_unique,
 )
-from infra.render import KUBERNETES_VERSION, MARKER, OutputError, main, render, validate
-from infra.stackfiles import StackFileError, stack_config
+from infra.commands.render import KUBERNETES_VERSION, MARKER, OutputError, main, render, validate
+from infra.stack.files import StackFileError, stack_config
+from infra.stack.keys import PROJECT_DIR
 from tests.infra.conftest import STACKS, run
 
 
@@ -163,7 +163,7 @@ def test_a_render_never_deletes_what_it_did_not_write(
 
 def _render_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "infra.render", "--stack", "dev", *args],
+        [sys.executable, "-m", "infra.commands.render", "--stack", "dev", *args],
         cwd=cwd, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
@@ -190,7 +190,7 @@ def test_a_render_without_the_list_of_what_it_wrote_is_refused_not_deleted(
     old = tmp_path / "dev"
     old.mkdir()
     (old / "plan.md").write_text("# Plan: stack `dev` (offline render, Pulumi mocks)\n")
-    (old / MARKER).write_text("written by python -m infra.render --stack dev\n")
+    (old / MARKER).write_text("written by python -m infra.commands.render --stack dev\n")
 
     with pytest.raises(OutputError, match=r"its \.lingjun-render is not JSON, so nothing there"):
         render("dev", old)

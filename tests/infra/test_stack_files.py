@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.deploy import check_project
-from infra.keys import PROJECT, PROJECT_DIR, known_keys
-from infra.stackfiles import EscEnvironmentError, stack_config
+from infra.commands.deploy import check_project
+from infra.stack.files import EscEnvironmentError, stack_config
+from infra.stack.keys import PROJECT, PROJECT_DIR, known_keys
 from plugin.config import DEFAULT_MAX_ALLOCATIONS, DEFAULT_RESOURCE_NAME
 from plugin.launch import LaunchSpec
 from tests.infra.conftest import STACKS

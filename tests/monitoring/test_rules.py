@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 import yaml
 
-from infra.alerts import alerts, dashboard, panels, pod_monitor, rule_groups
+from infra.components.alerts import alerts, dashboard, panels, pod_monitor, rule_groups
 
 pytestmark = pytest.mark.monitoring
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 
-from plugin.core.sockets import CHANNEL_OPTIONS, grpc_target
+from plugin.core.kube.sockets import CHANNEL_OPTIONS, grpc_target
 from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 
 # like the Go kubelet: no subchannel shared between channels

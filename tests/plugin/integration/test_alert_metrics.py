@@ -1,5 +1,5 @@
-"""Every metric the alert pack and the dashboard name (infra/alerts.py) is one the running
-plugin exports: scraped from the plugin process, on a node whose ports have every counter
+"""Every metric the alert pack and the dashboard name (infra/components/alerts.py) is one the
+running plugin exports: scraped from the plugin process, on a node whose ports have every counter
 file they read."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from infra.alerts import KUBE_POD_INFO, alerts, panels
-from plugin.core.counters import HW_COUNTERS, PORT_COUNTERS
-from plugin.core.podqps import POD_QPS
+from infra.components.alerts import KUBE_POD_INFO, alerts, panels
+from plugin.core.metrics.counters import HW_COUNTERS, PORT_COUNTERS
+from plugin.core.metrics.podqps import POD_QPS
 from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.plugin_process import PluginProcess
 from tests.plugin.sysfs_tree import SysfsTree

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from plugin.core.cdi import SpecFile
+from plugin.core.kube.cdi import SpecFile
 from plugin.deviceplugin.api.v1beta1 import api_pb2
 from plugin.launch import DRA_DRIVER, cdi_kind
 from tests.plugin.kubelet_peer import KubeletPeer, Registration
@@ -163,8 +163,8 @@ async def test_a_cdi_dir_that_is_a_symlink_loop_is_said_as_one(
     await plugin.start(plugin.write_config(EXCLUSIVE), cdi_dir=short_tmp / "a")
     await kubelet.wait_registrations(1)
 
-    errors = [ln for ln in plugin.output().splitlines() if " ERROR plugin.core.cdi: " in ln]
-    assert [ln.split(" ERROR plugin.core.cdi: ")[1] for ln in errors] == [
+    errors = [ln for ln in plugin.output().splitlines() if " ERROR plugin.core.kube.cdi: " in ln]
+    assert [ln.split(" ERROR plugin.core.kube.cdi: ")[1] for ln in errors] == [
         f"--cdi-dir {short_tmp / 'a'} is a symbolic link to nothing (or a loop): name a "
         "directory: CDI allocations fail"
     ]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from common.userfiles import MAX_DIGITS
 from plugin.config import MAX_DEVICE_IDS, MAX_POOLS
-from plugin.core.userfiles import MAX_DIGITS
 from plugin.launch import MAX_UNIX_PATH, RESCAN_INTERVAL_RANGE
 from tests.plugin.plugin_process import PluginProcess
 
@@ -298,7 +298,8 @@ def test_a_bad_flag_with_stderr_full_still_exits_2(plugin: PluginProcess) -> Non
 
 
 @pytest.mark.parametrize(
-    "module", ["plugin.deviceplugin", "plugin.podenv", "infra.render", "infra.deploy"]
+    "module",
+    ["plugin.deviceplugin", "plugin.podenv", "infra.commands.render", "infra.commands.deploy"],
 )
 def test_help_to_a_full_stdout_is_one_line(module: str) -> None:
     with open("/dev/full", "w") as full:

@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from plugin.core.sockets import CHANNEL_OPTIONS, grpc_target
+from plugin.core.kube.sockets import CHANNEL_OPTIONS, grpc_target
 from plugin.dra.api.dra.v1 import api_pb2 as v1
 from plugin.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
 from plugin.dra.api.dra.v1beta1 import api_pb2 as v1beta1

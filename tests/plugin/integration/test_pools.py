@@ -210,7 +210,7 @@ async def test_a_pool_whose_selector_matches_nothing_is_an_error_and_a_metric(
 
     assert kubelet.devices() == []
     assert (
-        "ERROR plugin.core.health: rdma/hca: its selector matches none of this node's HCAs "
+        "ERROR plugin.core.node.health: rdma/hca: its selector matches none of this node's HCAs "
         "(mlx5_0, mlx5_1)" in plugin.output()
     )
     assert "\nrdma_plugin_problems 1.0\n" in await _metrics(plugin.metrics_port)

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
-from plugin.core.instance import holder
+from plugin.core.kube.instance import holder
 from plugin.deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 from plugin.launch import MAX_UNIX_PATH, socket_name
 from tests.plugin.kubelet_peer import KubeletPeer

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from plugin.core.discovery.model import Hca
-from plugin.core.discovery.sysfs import SysfsDiscovery
-from plugin.core.discovery.verbs import VerbsDiscovery
+from plugin.core.node.discovery.model import Hca
+from plugin.core.node.discovery.sysfs import SysfsDiscovery
+from plugin.core.node.discovery.verbs import VerbsDiscovery
 from tests.plugin.rdma.guest import DEV, RXES, SYS, Rxe, devinfo_gids, sysfs_gids
 
 pytestmark = pytest.mark.rdma

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from plugin.core.discovery.sysfs import SysfsDiscovery
-from plugin.core.discovery.verbs import VerbsDiscovery
+from plugin.core.node.discovery.sysfs import SysfsDiscovery
+from plugin.core.node.discovery.verbs import VerbsDiscovery
 from tests.plugin.rdma.conftest import FIGURES
 from tests.plugin.rdma.guest import (
     DEV,

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from plugin.core.podqps import POD_QPS, families
-from plugin.core.restrack import queue_pairs
+from plugin.core.metrics.podqps import POD_QPS, families
+from plugin.core.metrics.restrack import queue_pairs
 from tests.plugin.kubelet_peer import KubeletPeer
 from tests.plugin.plugin_process import PluginProcess
 from tests.plugin.rdma.conftest import FIGURES, registered

@@ -7,14 +7,14 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from plugin.core.counters import (
+from plugin.core.metrics.counters import (
     HW_COUNTERS,
     OTHER,
     PORT_COUNTERS,
     STATE_METRIC,
     collect,
 )
-from plugin.core.scrape import metrics_for
+from plugin.core.metrics.scrape import metrics_for
 from plugin.launch import LaunchSpec
 from tests.plugin.sysfs_tree import two_mlx5
 

@@ -1,5 +1,5 @@
 """The DRA front end's devices (plugin/dra/devices.py) from the core's pool views of a fixture
-sysfs tree, and the CDI spec of an allocation (plugin/core/cdi.py)."""
+sysfs tree, and the CDI spec of an allocation (plugin/core/kube/cdi.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from plugin.config import PluginConfig, Pool, Selector
-from plugin.core import cdi
-from plugin.core import pool as policy
-from plugin.core.discovery.sysfs import SysfsDiscovery
+from plugin.core.kube import cdi
+from plugin.core.node import pools
+from plugin.core.node.discovery.sysfs import SysfsDiscovery
 from plugin.dra.checkpoint import Checkpoint, ClaimRef
 from plugin.dra.devices import MAX_DEVICES_PER_SLICE, PCIE_ROOT_ATTRIBUTE, slice_devices, slices
 from tests.plugin.sysfs_tree import PortSpec, SysfsTree
@@ -33,9 +33,9 @@ def _tree(tmp_path: Path) -> SysfsTree:
     return tree
 
 
-def _views(tree: SysfsTree, *pools: Pool) -> list[policy.PoolView]:
+def _views(tree: SysfsTree, *configured: Pool) -> list[pools.PoolView]:
     inventory = SysfsDiscovery(tree.sys, tree.dev).scan()
-    views, conflicts = policy.assign(PluginConfig(pools=pools), inventory)
+    views, conflicts = pools.assign(PluginConfig(pools=configured), inventory)
     assert conflicts == []
     return views
 
@@ -85,23 +85,23 @@ def test_an_hca_not_usable_now_is_withdrawn_and_shares_go_only_with_the_last_one
 ) -> None:
     tree = _tree(tmp_path)
     tree.set_port("mlx5_1", 1, "DOWN")
-    pools = (
+    configured = (
         Pool(name="nic", mode="exclusive", selector=Selector(ibdevs=("mlx5_[01]",))),
         Pool(name="hca", max_allocations=2, selector=Selector(ibdevs=("mlx5_[23]",))),
     )
 
-    devices, _ = slice_devices(_views(tree, *pools))
+    devices, _ = slice_devices(_views(tree, *configured))
     assert [d.name for d in devices] == ["nic-mlx5-0", "hca-0", "hca-1"]
 
     tree.set_port("mlx5_2", 1, "DOWN")
-    devices, _ = slice_devices(_views(tree, *pools))
+    devices, _ = slice_devices(_views(tree, *configured))
     assert [(d.name, d.hcas) for d in devices if d.pool == "hca"] == [
         ("hca-0", ("mlx5_3",)),
         ("hca-1", ("mlx5_3",)),
     ]
 
     tree.set_port("mlx5_3", 1, "DOWN")
-    devices, _ = slice_devices(_views(tree, *pools))
+    devices, _ = slice_devices(_views(tree, *configured))
     assert [d.name for d in devices] == ["nic-mlx5-0"]
 
 
@@ -120,8 +120,8 @@ def test_device_names_that_collide_as_dns_labels_are_skipped_and_said(tmp_path: 
 @pytest.mark.parametrize(("count", "sizes"), [(0, [0]), (128, [128]), (1000, [128] * 7 + [104])])
 def test_slices_hold_at_most_128_devices(tmp_path: Path, count: int, sizes: list[int]) -> None:
     tree = _tree(tmp_path)
-    pools = (Pool(name="hca", max_allocations=max(count, 1)),)
-    devices, _ = slice_devices(_views(tree, *pools))
+    configured = (Pool(name="hca", max_allocations=max(count, 1)),)
+    devices, _ = slice_devices(_views(tree, *configured))
 
     parts = slices(devices[:count])
 
@@ -132,7 +132,7 @@ def test_slices_hold_at_most_128_devices(tmp_path: Path, count: int, sizes: list
 def test_a_cdi_spec_holds_each_devices_nodes_and_env(tmp_path: Path) -> None:
     tree = _tree(tmp_path)
     (view,) = _views(tree, Pool(name="hca"))
-    allocation = policy.allocation(view, ("mlx5_1",), Path("/dev"))
+    allocation = pools.allocation(view, ("mlx5_1",), Path("/dev"))
 
     spec = cdi.spec("rdma.lingjun-rdma.io/hca", {"uid-1-hca-0": allocation})
     cdi.write_spec(tmp_path / "cdi", "x.json", spec)
@@ -170,7 +170,7 @@ def test_every_spec_the_writer_makes_is_known_as_ours_where_the_nodes_dev_is(
     tree = _tree(tmp_path)
     (view,) = _views(tree, Pool(name="hca"))
     kind = "rdma.lingjun-rdma.io/hca"
-    spec = cdi.spec(kind, {"u-1-hca-0": policy.allocation(view, ("mlx5_0", "mlx5_1"), dev_root)})
+    spec = cdi.spec(kind, {"u-1-hca-0": pools.allocation(view, ("mlx5_0", "mlx5_1"), dev_root)})
     (device,) = spec["devices"]  # type: ignore[misc]
 
     assert cdi.is_ours(device, "u-1-hca-0", dev_root / "infiniband")

@@ -6,7 +6,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from plugin.core.events import DirWatcher
+from plugin.core.node.kernel_events import DirWatcher
 
 
 async def test_a_name_that_is_not_utf8_does_not_hide_the_events_read_with_it(

@@ -6,8 +6,8 @@ import ipaddress
 
 import pytest
 
-from plugin.core.discovery.model import ROCE_V2, CharDevices, Gid, GidType, Hca, Port
-from plugin.core.gidchoice import NoGidError, NsAddress, choose
+from plugin.core.node.discovery.model import ROCE_V2, CharDevices, Gid, GidType, Hca, Port
+from plugin.core.podnet.gidchoice import NoGidError, NsAddress, choose
 
 V1: GidType = "IB/RoCE v1"
 V2: GidType = ROCE_V2

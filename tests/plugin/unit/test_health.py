@@ -16,11 +16,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from plugin.config import PluginConfig, Pool
-from plugin.core.discovery.model import CharDevices, Hca, Inventory, Port
-from plugin.core.health import HealthWatcher
-from plugin.core.metrics import Metrics
-from plugin.core.pool import PoolView
-from plugin.core.problems import Problem
+from plugin.core.metrics.exposition import Metrics
+from plugin.core.node.discovery.model import CharDevices, Hca, Inventory, Port
+from plugin.core.node.health import HealthWatcher
+from plugin.core.node.pools import PoolView
+from plugin.core.node.problems import NodeProblem
 from plugin.deviceplugin.endpoint import Endpoint
 
 RTM_NEWLINK, IFF_UP, IFF_LOWER_UP = 16, 0x1, 0x10000
@@ -159,7 +159,7 @@ async def test_each_hcas_health_is_a_gauge_and_an_hca_gone_stays_at_0_said_until
     Event, rdma_plugin_problems 0."""
     discovery = HeldDiscovery()
     metrics = Metrics()
-    said: list[Sequence[Problem]] = []
+    said: list[Sequence[NodeProblem]] = []
     watcher = HealthWatcher(discovery, PluginConfig(), metrics, 600, _ignore, said.append)
     await watcher.rescan()
     assert hca_health(metrics) == {"mlx5_0": 1.0, "mlx5_1": 1.0}
@@ -173,7 +173,7 @@ async def test_each_hcas_health_is_a_gauge_and_an_hca_gone_stays_at_0_said_until
     await watcher.rescan()
     assert hca_health(metrics) == {"mlx5_0": 1.0, "mlx5_1": 0.0}
     assert said[-1] == [
-        Problem(
+        NodeProblem(
             "RdmaHcaGone",
             "rdma/hca: mlx5_1: served before, now gone from this node (unplugged, its driver "
             "unloaded, or renamed): pods are not given it",
@@ -202,7 +202,7 @@ async def test_the_scan_summary_counts_the_hcas_a_pod_could_use(
         discovery.inventory, hcas=(discovery.inventory.hcas[0], down)
     )
     watcher, _ = watched(discovery, Metrics())
-    caplog.set_level("INFO", logger="plugin.core.health")
+    caplog.set_level("INFO", logger="plugin.core.node.health")
 
     await watcher.rescan()
 

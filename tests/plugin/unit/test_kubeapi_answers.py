@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from plugin.core.kubeapi import KubeApi, KubeApiError
-from plugin.core.secret import Mask, hold, masked
+from common.secret import Mask, hold, masked
+from plugin.core.kube.kubeapi import KubeApi, KubeApiError
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import struct
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plugin.core.discovery.model import CharDevices, Hca, Inventory, Port
-from plugin.core.linkstate import carrier_changes, without_carrier
+from plugin.core.node.discovery.model import CharDevices, Hca, Inventory, Port
+from plugin.core.node.linkstate import carrier_changes, without_carrier
 
 RTM_NEWLINK, RTM_DELLINK, RTM_NEWADDR = 16, 17, 20
 UP, LOWER_UP = 0x1, 0x10000

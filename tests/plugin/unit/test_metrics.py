@@ -8,7 +8,7 @@ import threading
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from plugin.core.metrics import MetricFamily, Metrics, serve_http
+from plugin.core.metrics.exposition import MetricFamily, Metrics, serve_http
 
 
 def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -7,7 +7,8 @@ import ipaddress
 import socket
 import struct
 
-from plugin.core.netaddrs import (
+from plugin.core.node.rtnetlink import NLMSG_DONE, NLMSGHDR
+from plugin.core.podnet.netaddrs import (
     IFA_ADDRESS,
     IFA_F_TENTATIVE,
     IFA_FLAGS,
@@ -15,7 +16,6 @@ from plugin.core.netaddrs import (
     RTM_NEWADDR,
     parse,
 )
-from plugin.core.rtnetlink import NLMSG_DONE, NLMSGHDR
 
 
 def _attr(kind: int, payload: bytes) -> bytes:

@@ -3,11 +3,11 @@ seconds, at most BURST a minute, none lost while the API refuses them."""
 
 from __future__ import annotations
 
-from plugin.core.node_events import BURST, REPEAT, Ledger, Post
-from plugin.core.problems import HCA_UNHEALTHY, POOL_EMPTY, Problem
+from plugin.core.kube.node_events import BURST, REPEAT, Ledger, Post
+from plugin.core.node.problems import HCA_UNHEALTHY, POOL_EMPTY, NodeProblem
 
-A = Problem(POOL_EMPTY, "rdma/hca: no HCA matches its selector")
-B = Problem(HCA_UNHEALTHY, "rdma/hca: mlx5_1 port 1 DOWN: left out of allocations")
+A = NodeProblem(POOL_EMPTY, "rdma/hca: no HCA matches its selector")
+B = NodeProblem(HCA_UNHEALTHY, "rdma/hca: mlx5_1 port 1 DOWN: left out of allocations")
 
 
 def test_a_new_problem_is_posted_once_then_its_count_raised_after_repeat() -> None:
@@ -44,7 +44,7 @@ def test_a_post_that_failed_is_tried_again_at_the_next_scan() -> None:
 
 
 def test_at_most_burst_posts_a_minute_and_the_rest_later() -> None:
-    problems = [Problem(HCA_UNHEALTHY, f"mlx5_{i} port 1 DOWN") for i in range(BURST + 5)]
+    problems = [NodeProblem(HCA_UNHEALTHY, f"mlx5_{i} port 1 DOWN") for i in range(BURST + 5)]
     ledger = Ledger()
 
     first = ledger.due(problems, 0.0)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from plugin.core.podqps import MAX_PODS, OTHER, POD_QPS, families, pod_uid
-from plugin.core.restrack import Qp
+from plugin.core.metrics.podqps import MAX_PODS, OTHER, POD_QPS, families, pod_uid
+from plugin.core.metrics.restrack import Qp
 
 SYSTEMD = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/cri-containerd-{c}.scope\n"  # noqa: E501
 CGROUPFS = "0::/kubepods/besteffort/pod{u}/{c}\n"

@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plugin.config import PluginConfig, Pool, Selector
-from plugin.core import pool as policy
-from plugin.core.discovery.model import CharDevices, Gid, Hca, Inventory, Port
-from plugin.core.discovery.sysfs import UNREADABLE
-from plugin.core.netmode import non_host_network_problems
+from plugin.core.node import pools
+from plugin.core.node.discovery.model import CharDevices, Gid, Hca, Inventory, Port
+from plugin.core.node.discovery.sysfs import UNREADABLE
+from plugin.core.node.netmode import non_host_network_problems
 from plugin.deviceplugin.api.v1beta1 import api_pb2
 from plugin.deviceplugin.wire import KUBELET_MESSAGE_MAX, list_and_watch_response
 from plugin.launch import HCAS_ENV
@@ -41,14 +41,14 @@ def hca(
     )
 
 
-def allocate(view: policy.PoolView, ids: list[str], dev: Path) -> policy.Allocation:
+def allocate(view: pools.PoolView, ids: list[str], dev: Path) -> pools.Allocation:
     """What the servicer answers for `ids`: their HCAs, checked, then those HCAs' devices."""
-    return policy.allocation(view, policy.allocated_hcas(view, ids), dev)
+    return pools.allocation(view, pools.allocated_hcas(view, ids), dev)
 
 
-def view(mode: str, hcas: list[Hca], **kw: int) -> policy.PoolView:
+def view(mode: str, hcas: list[Hca], **kw: int) -> pools.PoolView:
     pool = Pool(name="hca", mode=mode, **kw)  # type: ignore[arg-type]
-    return policy.build_view(pool, tuple(hcas), rdma_cm=True)
+    return pools.build_view(pool, tuple(hcas), rdma_cm=True)
 
 
 def test_shared_ids_give_every_selected_hca() -> None:
@@ -80,7 +80,7 @@ def test_selector_fields_all_apply() -> None:
     )
     inv = Inventory(hcas=(hca("mlx5_0"), hca("mlx5_1", netdev="eth1"), hca("rxe0", vendor="")))
 
-    views, conflicts = policy.assign(cfg, inv)
+    views, conflicts = pools.assign(cfg, inv)
 
     assert [h.name for h in views[0].hcas] == ["mlx5_1"]
     assert conflicts == []
@@ -94,7 +94,7 @@ def test_hca_claimed_by_an_exclusive_and_another_pool_goes_to_the_first() -> Non
         )
     )
 
-    views, conflicts = policy.assign(cfg, Inventory(hcas=(hca("mlx5_0"), hca("mlx5_1"))))
+    views, conflicts = pools.assign(cfg, Inventory(hcas=(hca("mlx5_0"), hca("mlx5_1"))))
 
     assert [[h.name for h in v.hcas] for v in views] == [["mlx5_0"], ["mlx5_1"]]
     assert conflicts == [
@@ -107,14 +107,14 @@ def test_a_pool_whose_hcas_did_not_change_keeps_its_view_and_the_others_are_made
     shared = Pool(name="s", selector=Selector(ibdevs=("mlx5_[01]",)), max_allocations=100_000)
     cfg = PluginConfig(pools=(shared, Pool(name="x", mode="exclusive")))
     inventory = Inventory(hcas=(hca("mlx5_0"), hca("mlx5_1"), hca("mlx5_2")))
-    first, _ = policy.assign(cfg, inventory)
+    first, _ = pools.assign(cfg, inventory)
 
-    again, _ = policy.assign(cfg, inventory, first)
-    port_down, _ = policy.assign(
+    again, _ = pools.assign(cfg, inventory, first)
+    port_down, _ = pools.assign(
         cfg, Inventory(hcas=(hca("mlx5_0"), hca("mlx5_1"), hca("mlx5_2", active=False))), again
     )
     bigger = PluginConfig(pools=(Pool(name="s", max_allocations=99_999), cfg.pools[1]))
-    reconfigured, _ = policy.assign(bigger, inventory, port_down)
+    reconfigured, _ = pools.assign(bigger, inventory, port_down)
 
     assert [a is b for a, b in zip(first, again, strict=True)] == [True, True]
     assert [a is b for a, b in zip(again, port_down, strict=True)] == [True, False]
@@ -131,7 +131,7 @@ def test_shared_pool_stays_healthy_while_one_hca_is_active() -> None:
         "shared", [hca("mlx5_0", active=False), hca("mlx5_1", active=False)], max_allocations=1
     )
     assert not v.devices[0].healthy
-    with pytest.raises(policy.AllocationError, match="'hca-0' is unhealthy: mlx5_0: no ACTIVE"):
+    with pytest.raises(pools.AllocationError, match="'hca-0' is unhealthy: mlx5_0: no ACTIVE"):
         allocate(v, ["hca-0"], DEV)
 
 
@@ -145,7 +145,7 @@ def test_issm_only_when_present_and_rdma_cm_only_when_present() -> None:
         (Port(1, "ACTIVE", "InfiniBand"),),
         CharDevices("uverbs0", ("umad0",), ("issm0",)),
     )
-    v = policy.build_view(Pool(name="hca", mode="exclusive"), (h,), rdma_cm=False)
+    v = pools.build_view(Pool(name="hca", mode="exclusive"), (h,), rdma_cm=False)
 
     names = [s.container_path for s in allocate(v, ["mlx5_0"], DEV).devices]
 
@@ -213,7 +213,7 @@ def test_preferred_returns_size_ids_including_must_include(
     must = data.draw(st.lists(st.sampled_from(available), unique=True))
     size = data.draw(st.integers(len(must) or 1, len(available)))
 
-    result = policy.preferred(v, available, must, size)
+    result = pools.preferred(v, available, must, size)
 
     assert len(result) == size
     assert len(set(result)) == size
@@ -224,8 +224,8 @@ def test_preferred_returns_size_ids_including_must_include(
 def test_preferred_never_returns_an_id_the_pool_does_not_have() -> None:
     v = view("exclusive", [hca("mlx5_0", 0), hca("mlx5_1", 1, index=1)])
 
-    assert policy.preferred(v, ["mlx5_0", "mlx5_1", "bogus"], ["bogus"], 1) == ["mlx5_0"]
-    assert policy.preferred(v, ["mlx5_1", "other"], ["ghost", "mlx5_1"], 2) == ["mlx5_1"]
+    assert pools.preferred(v, ["mlx5_0", "mlx5_1", "bogus"], ["bogus"], 1) == ["mlx5_0"]
+    assert pools.preferred(v, ["mlx5_1", "other"], ["ghost", "mlx5_1"], 2) == ["mlx5_1"]
 
 
 def test_an_hca_whose_port_cannot_be_read_is_not_handed_out_by_a_shared_id() -> None:
@@ -250,8 +250,8 @@ def test_preferred_packs_on_fewest_numa_nodes() -> None:
     hcas = [hca(f"mlx5_{i}", numa, index=i) for i, numa in enumerate([0, 1, 1, 1, 0])]
     v = view("exclusive", hcas)
 
-    assert policy.preferred(v, [d.id for d in v.devices], [], 3) == ["mlx5_1", "mlx5_2", "mlx5_3"]
-    assert policy.preferred(v, [d.id for d in v.devices], ["mlx5_0"], 2) == ["mlx5_0", "mlx5_4"]
+    assert pools.preferred(v, [d.id for d in v.devices], [], 3) == ["mlx5_1", "mlx5_2", "mlx5_3"]
+    assert pools.preferred(v, [d.id for d in v.devices], ["mlx5_0"], 2) == ["mlx5_0", "mlx5_4"]
 
 
 @settings(max_examples=50, deadline=None)
@@ -277,7 +277,7 @@ def test_list_and_watch_wire_encoding_equals_the_plain_messages(hcas: list[Hca],
 def test_a_list_over_the_kubelets_message_limit_holds_the_ids_that_fit_and_no_more() -> None:
     """100000 IDs of 63 characters are over the 4 MiB the kubelet takes of one message."""
     hcas = [hca(f"mlx5_{i}", numa=i % 2, index=i) for i in range(8)]
-    v = policy.build_view(Pool(name="s" * 57, max_allocations=100_000), tuple(hcas), True)
+    v = pools.build_view(Pool(name="s" * 57, max_allocations=100_000), tuple(hcas), True)
 
     listed = list_and_watch_response(v)
     one_more = list_and_watch_response(v, limit=1 << 30).devices[: len(listed.devices) + 1]
@@ -289,9 +289,9 @@ def test_a_list_over_the_kubelets_message_limit_holds_the_ids_that_fit_and_no_mo
 
 
 def test_an_allocate_request_with_no_device_id_is_refused() -> None:
-    (view,), _ = policy.assign(PluginConfig(), Inventory(hcas=(hca("mlx5_0"),)))
+    (view,), _ = pools.assign(PluginConfig(), Inventory(hcas=(hca("mlx5_0"),)))
 
-    with pytest.raises(policy.AllocationError, match="a container request with no device ID"):
+    with pytest.raises(pools.AllocationError, match="a container request with no device ID"):
         allocate(view, [], Path("/dev"))
 
 
@@ -299,10 +299,10 @@ def test_list_and_watch_encoding_holds_for_an_id_longer_than_127_bytes() -> None
     # the pool makes no ID that long (it leaves out an HCA whose name exceeds 63 bytes): the
     # encoder must not depend on that, so this view is built by hand
     long_id = "x" * 150
-    v = policy.PoolView(
+    v = pools.PoolView(
         pool=Pool(name="hca"),
         hcas=(),
-        devices=(policy.Device(id=long_id, healthy=False, numa_nodes=(1,), hcas=()),),
+        devices=(pools.Device(id=long_id, healthy=False, numa_nodes=(1,), hcas=()),),
         rdma_cm=True,
     )
 

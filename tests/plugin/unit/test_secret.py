@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import pytest
 
-from plugin.core.secret import MASK, RUN, Mask, MaskedLog
+from common.secret import MASK, RUN, Mask, MaskedLog
 
 TOKEN = "S3cret-token-0123456789"
 # a service account token's shape: a JWT, base64url

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from plugin.config import Pool
-from plugin.core import pool as policy
-from plugin.core.metrics import Metrics
+from plugin.core.metrics.exposition import Metrics
+from plugin.core.node import pools
 from plugin.deviceplugin.api.v1beta1 import api_pb2
 from plugin.deviceplugin.servicer import DevicePluginServicer
 from tests.plugin.unit.test_pool import hca
@@ -20,9 +20,9 @@ class NoStreams:
         pass
 
 
-def shared_view(first_uverbs: int) -> policy.PoolView:
+def shared_view(first_uverbs: int) -> pools.PoolView:
     hcas = (hca("mlx5_0", 0, index=first_uverbs), hca("mlx5_1", 1, index=first_uverbs + 1))
-    return policy.build_view(Pool(name="hca", max_allocations=4), hcas, rdma_cm=True)
+    return pools.build_view(Pool(name="hca", max_allocations=4), hcas, rdma_cm=True)
 
 
 async def allocated_paths(servicer: DevicePluginServicer, device_id: str) -> list[str]:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from plugin.core.discovery.model import Gid, Hca
-from plugin.core.discovery.sysfs import SysfsDiscovery, pcie_root_of
+from plugin.core.node.discovery.model import Gid, Hca
+from plugin.core.node.discovery.sysfs import SysfsDiscovery, pcie_root_of
 from tests.plugin.sysfs_tree import PortSpec, SysfsTree, two_mlx5
 
 
@@ -140,7 +140,7 @@ def test_no_rdma_at_all_is_an_empty_inventory(tmp_path: Path) -> None:
 
 def test_verbs_discovery_without_rdma_reports_zero_devices(tmp_path: Path) -> None:
     verbs = pytest.importorskip(
-        "plugin.core.discovery.verbs", reason="missing optional peer: pyverbs"
+        "plugin.core.node.discovery.verbs", reason="missing optional peer: pyverbs"
     )
     discovery = verbs.VerbsDiscovery(tmp_path / "sys", tmp_path / "dev")
     if Path("/sys/class/infiniband_verbs").exists():
@@ -413,7 +413,7 @@ def test_a_sysfs_root_its_user_cannot_search_is_one_error_not_a_traceback(
     tree = two_mlx5(shared_dir)
     tree.sys.chmod(0o700)  # root's, as /root is
     program = (
-        "from pathlib import Path; from plugin.core.discovery.sysfs import SysfsDiscovery\n"
+        "from pathlib import Path; from plugin.core.node.discovery.sysfs import SysfsDiscovery\n"
         f"print(SysfsDiscovery(Path({str(tree.sys)!r}), Path({str(tree.dev)!r})).scan())\n"
     )
 

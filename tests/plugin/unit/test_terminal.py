@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from plugin.core.terminal import escaped
+from common.terminal import escaped
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[3]
 # message argument), exit 1 with a traceback, once in ~10 test runs of a render stopped early.
 _UNWOUND_BADLY = """
 import os, signal
-from plugin.core.terminal import exit_on_signals
+from common.terminal import exit_on_signals
 exit_on_signals("prog")
 try:
     os.kill(os.getpid(), signal.SIGTERM)
@@ -37,7 +37,7 @@ def test_a_stop_that_unwinds_into_another_error_still_ends_as_the_stop() -> None
 
 
 def test_an_error_without_a_stop_is_still_a_traceback() -> None:
-    code = "from plugin.core.terminal import exit_on_signals\nexit_on_signals('p')\n1 / 0\n"
+    code = "from common.terminal import exit_on_signals\nexit_on_signals('p')\n1 / 0\n"
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
         check=False,
@@ -50,7 +50,7 @@ def test_an_error_without_a_stop_is_still_a_traceback() -> None:
 # Busy in C (sum over a range runs no bytecode, so no signal handler) while a burst comes in:
 # Python then runs the pending handlers in signal-number order, SIGHUP (1) before SIGTERM (15).
 _BUSY_IN_C = """
-from plugin.core.terminal import exit_on_signals
+from common.terminal import exit_on_signals
 exit_on_signals("prog")
 print("ready", flush=True)
 sum(range(3 * 10**8))

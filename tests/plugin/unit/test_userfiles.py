@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.core.userfiles import (
+from common.userfiles import (
     MAX_DIGITS,
     MAX_VALUES,
     ParseError,

@@ -19,7 +19,7 @@ trap 'rm -rf "$work"' EXIT
 # working tree test the same thing), and /init; a second cpio appended to the cached one:
 # the kernel unpacks concatenated archives in order.
 mkdir -p "$work/root/src"
-git ls-files -z --cached --others --exclude-standard -- plugin tests pyproject.toml |
+git ls-files -z --cached --others --exclude-standard -- common plugin tests pyproject.toml |
   xargs -0 cp --parents -t "$work/root/src"
 install -m 0755 tests/plugin/rdma/vm/init "$work/root/init"
 install -D -m 0644 tests/plugin/rdma/vm/rxe-pair "$work/root/opt/rxe-pair"

@@ -1,0 +1,1 @@
+"""The commands that run the program: render, deploy, the offline engine."""

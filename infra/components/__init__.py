@@ -1,0 +1,1 @@
+"""The Pulumi components: network, cluster, node agent, Jobs, monitoring."""

@@ -1,0 +1,1 @@
+"""The /metrics exposition, port counters and queue pairs per pod."""

@@ -1,0 +1,1 @@
+"""A pod's own GID and NCCL settings: GID choice, a namespace's addresses."""
