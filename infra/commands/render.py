@@ -44,6 +44,7 @@ from common.userfiles import (
     staged,
     temp_of,
     user_name,
+    write_atomically,
 )
 from infra.commands.interrupt import deferred
 from infra.commands.offline import (
@@ -174,7 +175,12 @@ def check_out(out: Path) -> None:
             f"--out {out}: its {MARKER} {written}, so nothing there is known to be a render's: "
             "move the files away, or name a new or empty directory"
         )
-    for name in [n for n in entries if _render_temp(n)]:  # a render killed while writing here
+    if os.path.ismount(out):  # a file system's own: never a render's, never in the way
+        entries = [n for n in entries if n not in _FILE_SYSTEMS_OWN]
+    temps = [n for n in entries if _render_temp(n)]  # a render killed while writing here
+    if staged := [n for n in temps if n.startswith(f".{MARKER}{TEMP_MARK}")]:
+        written = _finished(out, written, staged)
+    for name in temps:
         (out / name).unlink(missing_ok=True)
         entries.remove(name)
     ours = {MARKER}
@@ -187,6 +193,32 @@ def check_out(out: Path) -> None:
             f"--out {out}: holds files a render did not write, or changed since ({shown}): it "
             "would be replaced as a whole; move them away, or name a new or empty directory"
         )
+
+
+# What a file system keeps at its root (ext4's lost+found): --out a fresh volume holds it.
+_FILE_SYSTEMS_OWN = frozenset({"lost+found"})
+
+
+def _finished(
+    out: Path, written: dict[str, list[object]], staged: list[str]
+) -> dict[str, list[object]]:
+    """What `out` holds after a render was killed while renaming its files into it: each file
+    as its old list or the killed render's (staged whole before the first rename) has it. The
+    list is written anew, so that the next render sees its files, not someone's."""
+    known = [written]
+    known += [listed for n in staged if isinstance(listed := _listed(out, n), dict)]
+    files: dict[str, list[object]] = {}
+    for listed in known:
+        for name, digest in listed.items():
+            if name not in files and _digest(out / name) == digest:
+                files[name] = digest
+    if files != written:
+        marker = {
+            "writer": "python -m infra.commands.render (finished by the next)",
+            "files": files,
+        }
+        write_atomically(out / MARKER, json.dumps(marker, indent=1, sort_keys=True) + "\n")
+    return files
 
 
 def _render_temp(name: str) -> bool:
@@ -241,10 +273,10 @@ def _written(out: Path) -> dict[str, list[object]]:
     return {} if isinstance(listed, str) else listed
 
 
-def _listed(out: Path) -> dict[str, list[object]] | str:
-    """`out`'s MARKER as a render writes it, or why it is none."""
+def _listed(out: Path, marker: str = MARKER) -> dict[str, list[object]] | str:
+    """`out`'s MARKER (or a staged one) as a render writes it, or why it is none."""
     try:
-        data: object = json.loads(read_text(out / MARKER))
+        data: object = json.loads(read_text(out / marker))
     except UnreadableError as exc:
         return f"cannot be read ({exc})"
     except (ValueError, RecursionError):  # RecursionError: nested too deep
@@ -452,7 +484,8 @@ def _write_in_place(out: Path, texts: dict[str, str]) -> Path | None:
         for tmp in temps.values():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-    return out if any(p.name not in texts for p in out.iterdir()) else None
+    others = [p.name for p in out.iterdir() if p.name not in texts]
+    return out if set(others) - _FILE_SYSTEMS_OWN else None
 
 
 def _room(out: Path, texts: dict[str, str]) -> int:

@@ -229,6 +229,11 @@ def _config_section(path: Path, *, project: bool) -> dict[str, Any]:
             )
     values = cast(dict[str, Any], config)
     for key, value in values.items():
+        if key.removeprefix(f"{PROJECT}:") == "config" and isinstance(value, dict):
+            raise StackFileError(
+                f"{where}: {_place_of(text, key)}: a `config:` inside `config:`: its keys go one "
+                "level up: dedent them"
+            )
         if _binary(value):  # the CLI hands a program text: bytes were "b'...'" here
             raise StackFileError(
                 f"{where}: {_place_of(text, key)}: {key}: a binary value (YAML !!binary), not "

@@ -5,8 +5,9 @@ duration keys' ranges."""
 from __future__ import annotations
 
 import difflib
+import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -34,14 +35,19 @@ def config_set(name: str, value: str) -> str:
     return f"(pulumi config set {qualified(name)} {value})"
 
 
-def config_set_items(name: str) -> str:
+def config_set_items(name: str, items: Sequence[str] | None = None) -> str:
     """The fix for a list key: the CLI refuses a JSON string for an `array<string>` key, so
-    the items are set one index at a time (render's --set takes the list as JSON)."""
-    item = LIST_KEYS[name]
-    return (
-        f"(pulumi config set --path '{qualified(name)}[0]' {item}, then [1], ...; "
-        f"render: --set '{name}=[\"{item}\"]')"
+    the items are set one index at a time (render's --set takes the list as JSON). `items`: the
+    list to set (none left: remove the key); else an example of one item."""
+    if items is not None and not items:
+        return f"(pulumi config rm {qualified(name)}; render: --set '{name}=[]')"
+    shown = list(items) if items is not None else [LIST_KEYS[name]]
+    paths = "; ".join(
+        f"pulumi config set --path '{qualified(name)}[{i}]' {v}" for i, v in enumerate(shown)
     )
+    then = ", then [1], ..." if items is None else ""
+    rm = f"pulumi config rm {qualified(name)}; " if items is not None else ""
+    return f"({rm}{paths}{then}; render: --set '{name}={json.dumps(shown)}')"
 
 
 def _true_or_false(value: object) -> object:
@@ -178,6 +184,15 @@ def _near(namespace: str, project: str) -> bool:
     return difflib.SequenceMatcher(None, namespace.lower(), project.lower()).ratio() >= 0.75
 
 
+# The providers the program makes explicitly: their own config namespaces are read by no one.
+_PROVIDERS = {
+    "alicloud": f"{qualified('region')} and the credentials in the environment "
+    "(ALICLOUD_ACCESS_KEY, ALICLOUD_SECRET_KEY)",
+    "kubernetes": f"the cluster this stack creates or adopts ({qualified('kubeconfig')}, "
+    f"{qualified('clusterId')})",
+}
+
+
 def unknown_key_problems(keys: Iterable[str]) -> list[str]:
     """A line per key of the namespace that this project does not know (a misspelling)."""
     prefix = f"{PROJECT}:"
@@ -189,6 +204,11 @@ def unknown_key_problems(keys: Iterable[str]) -> list[str]:
             problems.append(
                 f"{qualified(name)}: given as {namespace}:{name}, a namespace this program does "
                 f"not read: did you mean {qualified(name)}? (pulumi config rm {key})"
+            )
+        elif sep and namespace in _PROVIDERS:
+            problems.append(
+                f"{key}: not read: the program makes its {namespace} provider itself, from "
+                f"{_PROVIDERS[namespace]} (pulumi config rm {key})"
             )
     unknown = sorted({k.removeprefix(prefix) for k in keys if k.startswith(prefix)} - KNOWN_KEYS)
     for key in unknown:

@@ -298,6 +298,14 @@ def _unused(k: Keys, chosen: Set[str]) -> list[str]:
         )
     if not k.sample_jobs:
         needs["jobAwaitTimeout"] = f"{_key('sampleJobs')} deploys no Job"
+    for key, sample in IMAGE_KEYS.items():
+        if sample not in k.sample_jobs:
+            needs[key] = f"{_key('sampleJobs')} does not enable {sample}"
+    if k.creates_cluster and k.lingjun_node_group_id is None:
+        needs["lingjunClusterId"] = (
+            f"this stack creates its Lingjun cluster (it adopts one with a node group of it: "
+            f"{_key('lingjunNodeGroupId')})"
+        )
     return [
         f"{_key(key)}: not used: {why} (pulumi config rm {_key(key)})"
         for key, why in needs.items()
@@ -712,12 +720,14 @@ def _check_nodes(k: Keys, samples: tuple[SampleJob, ...]) -> list[str]:
     """A sample whose pods need more nodes than the stack creates would stay Pending."""
     if not k.creates_cluster or _node_count(k):
         return []  # an adopted cluster's nodes are not known before it is reached
+    needs = {s.name: SAMPLES[s.name].build(s.image).nodes for s in samples}
+    fits = [name for name, n in needs.items() if n <= k.lingjun_node_count]
     return [
-        f"{_key('sampleJobs')}: {s.name} runs on {n} node{'s' if n > 1 else ''} at once, and "
+        f"{_key('sampleJobs')}: {name} runs on {n} node{'s' if n > 1 else ''} at once, and "
         f"{_key('lingjunNodeCount')} is {k.lingjun_node_count}: its pods would stay Pending "
-        f"{_set('lingjunNodeCount', str(n))}, or leave {s.name} out {_set_items('sampleJobs')}"
-        for s in samples
-        if (n := SAMPLES[s.name].build(s.image).nodes) > k.lingjun_node_count
+        f"{_set('lingjunNodeCount', str(n))}, or leave it out {_set_items('sampleJobs', fits)}"
+        for name, n in needs.items()
+        if n > k.lingjun_node_count
     ]
 
 

@@ -67,14 +67,16 @@ async def run(
 
     events = NodeEvents(api, spec.node_name, PROG)
 
-    def report(problems: Sequence[NodeProblem]) -> None:
+    def own_problems() -> list[NodeProblem]:
         waits = [NodeProblem(REGISTRATION, f"{e.resource}: {w}") for e in endpoints.values()
                  if (w := e.waiting_for) is not None]  # fmt: skip
         unlisted = [NodeProblem(POOL_TOO_LARGE, u) for e in endpoints.values()
                     if (u := e.unlisted) is not None]  # fmt: skip
-        events.report([*problems, *waits, *unlisted])
+        return [*waits, *unlisted]
 
-    health = HealthWatcher(discovery, config, metrics, spec.rescan_interval, publish, report)
+    health = HealthWatcher(
+        discovery, config, metrics, spec.rescan_interval, publish, events.report, own_problems
+    )
     await health.rescan()  # the first views, before any socket is served
     http = None
     if spec.metrics_port is not None:

@@ -68,18 +68,24 @@ def slice_devices(views: Sequence[pools.PoolView]) -> tuple[list[SliceDevice], l
             for hca in view.hcas:
                 if hca.unhealthy_reason() is None:
                     devices.append(_exclusive(view, hca))
-    names: set[str] = set()
+    owners: dict[str, str] = {}
     unique: list[SliceDevice] = []
     for device in devices:
-        if len(device.name) > MAX_LABEL or not device.name or device.name in names:
-            skipped.append(
-                f"{device.pool}: device {device.name or '(empty)'} is not a DNS label unique on "
-                f"this node (at most {MAX_LABEL} of a-z, 0-9, '-'): not published; rename the "
-                "pool or the HCA"
+        if (owner := owners.get(device.name)) is not None:
+            fix = (
+                "rename one of its HCAs, whose names read alike as a DNS label"
+                if owner == device.pool
+                else f"rename this pool or pool {owner}, which has a device of that name"
             )
-            continue
-        names.add(device.name)
-        unique.append(device)
+            skipped.append(f"{device.pool}: device {device.name} is not published: {fix}")
+        elif len(device.name) > MAX_LABEL or not device.name:
+            skipped.append(
+                f"{device.pool}: device {device.name or '(empty)'} is not a DNS label (at most "
+                f"{MAX_LABEL} of a-z, 0-9, '-'): not published; give the pool a shorter name"
+            )
+        else:
+            owners[device.name] = device.pool
+            unique.append(device)
     return unique, skipped
 
 

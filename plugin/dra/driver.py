@@ -23,7 +23,7 @@ from plugin.core.metrics.scrape import metrics_for
 from plugin.core.node import pools
 from plugin.core.node.discovery.model import Discovery
 from plugin.core.node.health import HealthWatcher
-from plugin.core.node.problems import REGISTRATION, NodeProblem
+from plugin.core.node.problems import HCA_SKIPPED, REGISTRATION, NodeProblem
 from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from plugin.dra.prepare import Preparer
 from plugin.dra.servicer import RegistrationServicer, add_dra_services
@@ -105,7 +105,8 @@ async def run(
         metrics,
         spec.rescan_interval,
         publish,
-        lambda problems: events.report([*problems, *refused]),
+        events.report,
+        lambda: [*refused, *(NodeProblem(HCA_SKIPPED, why) for why in preparer.skipped)],
     )
     await health.rescan()
 

@@ -101,6 +101,8 @@ class Preparer:
         self.dev_root = dev_root
         self._views: dict[str, pools.PoolView] = {}
         self._devices: dict[str, SliceDevice] = {}
+        # why a device of the last views cannot be published (said with the node's problems)
+        self.skipped: list[str] = []
 
     def recover(self) -> None:
         """At start, before serving (the instance lock held): the records read, and what a run
@@ -137,9 +139,7 @@ class Preparer:
         of maxAllocations, making them again took 0.2 s of every scan."""
         if len(views) == len(self._views) and all(self._views.get(v.pool.name) is v for v in views):
             return list(self._devices.values())
-        devices, skipped = slice_devices(views)
-        for reason in skipped:
-            logger.warning("%s", reason)
+        devices, self.skipped = slice_devices(views)
         self._views = {v.pool.name: v for v in views}
         self._devices = {d.name: d for d in devices}
         return devices

@@ -494,9 +494,15 @@ def test_what_only_creating_uses_is_checked_on_an_adopting_stack_too(
      ("local", {"rdmaApi": "dra", "rdmaResourceName": "rdma/roce"}, "rdmaResourceName",
       "lingjun-rdma:rdmaApi is dra: pods ask by claim, the DeviceClasses name the devices"),
      ("local", {"sampleJobs": "[]", "jobAwaitTimeout": "30m"}, "jobAwaitTimeout",
-      "lingjun-rdma:sampleJobs deploys no Job")],
+      "lingjun-rdma:sampleJobs deploys no Job"),
+     ("local", {"hpsBenchmarkImage": "registry.example.com/x/hps:1.0"}, "hpsBenchmarkImage",
+      "lingjun-rdma:sampleJobs does not enable hps-benchmark"),
+     ("dev", {"lingjunClusterId": "i118578141694745246541"}, "lingjunClusterId",
+      "this stack creates its Lingjun cluster (it adopts one with a node group of it: "
+      "lingjun-rdma:lingjunNodeGroupId)")],
     ids=["node-count-adopted", "vpc-adopted", "zones-adopted", "machine-type-adopted-group",
-         "image-adopted-group", "resource-name-dra", "job-timeout-no-job"],
+         "image-adopted-group", "resource-name-dra", "job-timeout-no-job", "image-not-enabled",
+         "eflo-cluster-without-its-group"],
 )  # fmt: skip
 def test_a_key_the_stacks_mode_ignores_is_refused_naming_why(
     stack: str, overrides: dict[str, str], key: str, why: str
@@ -512,12 +518,17 @@ def test_a_key_set_to_its_default_in_a_mode_that_ignores_it_is_no_slip() -> None
 
 
 def test_a_sample_needing_more_nodes_than_the_stack_creates_is_refused() -> None:
+    """Its fix lists the samples that fit (it said to set sampleJobs to ["perftest"])."""
     assert _error(lingjunNodeCount="1") == (
         "lingjun-rdma:sampleJobs: perftest runs on 2 nodes at once, and "
         "lingjun-rdma:lingjunNodeCount is 1: its pods would stay Pending (pulumi config set "
-        "lingjun-rdma:lingjunNodeCount 2), or leave perftest out (pulumi config set --path "
-        "'lingjun-rdma:sampleJobs[0]' perftest, then [1], ...; render: --set "
-        "'sampleJobs=[\"perftest\"]')"
+        "lingjun-rdma:lingjunNodeCount 2), or leave it out (pulumi config rm "
+        "lingjun-rdma:sampleJobs; pulumi config set --path 'lingjun-rdma:sampleJobs[0]' "
+        "hps-benchmark; pulumi config set --path 'lingjun-rdma:sampleJobs[1]' nccl-tests; "
+        'render: --set \'sampleJobs=["hps-benchmark", "nccl-tests"]\')'
+    )
+    assert "leave it out (pulumi config rm lingjun-rdma:sampleJobs; render: --set " in _error(
+        lingjunNodeCount="0"
     )
 
 

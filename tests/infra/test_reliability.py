@@ -1575,6 +1575,56 @@ def test_what_killed_renders_left_beside_out_is_removed_by_the_next_and_nothing_
     assert [p.name for p in kept_old.iterdir()] == ["mywork.txt"]
 
 
+def test_a_render_killed_while_renaming_into_a_mount_point_is_finished_by_the_next(
+    mounted_out: Path, tmp_path: Path
+) -> None:
+    """SIGKILL (an OOM kill) after two of its files were renamed in, before its list: the next
+    render refused them as files a render did not write, for good."""
+    render("dev", mounted_out)
+    killer = (
+        "import os, signal, sys\n"
+        "real, calls = os.replace, [0]\n"
+        "def dying(*args, **kwargs):\n"
+        "    calls[0] += 1\n"
+        "    if calls[0] == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return real(*args, **kwargs)\n"
+        "os.replace = dying\n"
+        "from infra.commands.render import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR)}
+    done = subprocess.run(
+        [sys.executable, "-c", killer, "--stack", "dev", "--out", str(mounted_out),
+         "--set", "namespace=lingjun-rdma-b"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert [p.name for p in mounted_out.iterdir() if ".tmp-" in p.name]  # it died midway
+
+    again = render("dev", mounted_out)
+
+    assert sorted(mounted_out.iterdir()) == again
+    assert not [p.name for p in mounted_out.iterdir() if ".tmp-" in p.name]
+    marker = json.loads((mounted_out / MARKER).read_text())
+    assert sorted(marker["files"]) == sorted(p.name for p in again if p.name != MARKER)
+
+
+def test_a_fresh_ext4_volume_as_out_is_rendered_and_its_lost_found_kept(tmp_path: Path) -> None:
+    image, out = tmp_path / "vol.img", tmp_path / "out"
+    subprocess.run(["truncate", "-s", "8M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", str(image)], check=True)
+    out.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(out)], check=True)
+    try:
+        first = render("dev", out)
+        again = render("dev", out)
+        assert (out / "lost+found").is_dir()
+        assert [p.name for p in first] == [p.name for p in again]
+    finally:
+        subprocess.run(["umount", "-l", str(out)], check=True)
+
+
 def test_a_read_only_mount_point_as_out_says_so(mounted_out: Path, tmp_path: Path) -> None:
     subprocess.run(["mount", "-o", "remount,ro", str(mounted_out)], check=True)
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from infra.commands.deploy import check_project
-from infra.stack.files import EscEnvironmentError, stack_config
-from infra.stack.keys import PROJECT, PROJECT_DIR, known_keys
+from infra.stack.files import EscEnvironmentError, StackFileError, stack_config
+from infra.stack.keys import PROJECT, PROJECT_DIR, StackConfigError, known_keys
 from plugin.config import DEFAULT_MAX_ALLOCATIONS, DEFAULT_RESOURCE_NAME
 from plugin.launch import LaunchSpec
 from tests.infra.conftest import STACKS
@@ -152,3 +152,28 @@ def test_a_stack_importing_esc_environments_is_refused_by_render_and_left_to_the
         "alone, and would check this stack without them; give their keys under `config:` or "
         "with --set, or preview it with the CLI (make deploy ACTION=preview)"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [("config:\n  config:\n    lingjun-rdma:rdmaPoolMode: exclusive\n",
+      "line 2, column 3: a `config:` inside `config:`: its keys go one level up: dedent them"),
+     ("config:\n  lingjun-rdma:clusterMode: existing\n  alicloud:region: cn-beijing\n",
+      "alicloud:region: not read: the program makes its alicloud provider itself, from "
+      "lingjun-rdma:region and the credentials in the environment (ALICLOUD_ACCESS_KEY, "
+      "ALICLOUD_SECRET_KEY) (pulumi config rm alicloud:region)")],
+    ids=["config-nested", "a-providers-own-key"],
+)  # fmt: skip
+def test_a_stack_file_whose_keys_no_one_reads_is_refused_saying_where_they_go(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    """A nested block was `config: unknown key: did you mean kubeconfig?`; alicloud:region was
+    ignored while the program's provider used lingjun-rdma:region."""
+    (tmp_path / "Pulumi.yaml").write_text((PROJECT_DIR / "Pulumi.yaml").read_text())
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "Pulumi.x.yaml").write_text(text)
+
+    with pytest.raises((StackFileError, StackConfigError)) as refused:
+        stack_config("x", project_dir=tmp_path)
+
+    assert said in str(refused.value)

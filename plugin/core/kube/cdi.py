@@ -4,6 +4,7 @@ every front end."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
@@ -80,7 +81,10 @@ def write_spec(cdi_dir: Path, file_name: str, content: Mapping[str, object]) -> 
         cdi_dir.mkdir(parents=True, exist_ok=True)
         write_atomically(cdi_dir / file_name, json.dumps(content, indent=1, sort_keys=True))
     except OSError as exc:
-        why = why_not_writable(cdi_dir) or exc.strerror or str(exc)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # no room, or no inode, left
+            why = f"{exc.strerror}: free space in --cdi-dir"
+        else:
+            why = why_not_writable(cdi_dir) or exc.strerror or str(exc)
         raise CdiError(f"--cdi-dir {cdi_dir}: cannot write {file_name} there: {why}") from None
 
 

@@ -57,6 +57,10 @@ _TOKEN = re.compile(r"[\x21-\x7e]+")
 _LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 
 
+# OpenSSL's verify codes of a certificate that does not name the host or address dialled
+_NAME_MISMATCH = (62, 64)
+
+
 class KubeApiError(RuntimeError):
     """A call the API server refused or could not be made; `status` is the HTTP code (0: none).
     `said`: the client has logged it at ERROR already (a fault only a person mends, said once,
@@ -70,10 +74,16 @@ class KubeApiError(RuntimeError):
 
 @dataclass
 class _Said:
-    """Whether the server's certificate failing verification is said: once, until a call
-    succeeds again."""
+    """The faults only a person mends (a certificate not trusted, a credential not taken) said
+    at ERROR: each once, until a call succeeds again."""
 
-    untrusted: bool = False
+    faults: set[str] = field(default_factory=set[str])
+
+    def once(self, fault: str, message: str, status: int = 0) -> KubeApiError:
+        if fault not in self.faults:
+            self.faults.add(fault)
+            logger.error("%s; retrying quietly until it is mended", message)
+        return KubeApiError(message, status, said=True)
 
 
 # Ways to log in that this client does not take (kubectl runs a plugin for exec and
@@ -190,6 +200,8 @@ class KubeApi:
     token_file: TokenFile | None = None  # where `token` was read: read again when it changes
     # what the server's certificate is verified against, as its owner names it
     trust: str = "the system's CA certificates"
+    # what the server is shown as who we are, as its owner names it
+    credential: str = "no credential"
     said: _Said = field(default_factory=_Said, compare=False)
 
     @property
@@ -286,7 +298,15 @@ class KubeApi:
                 raise CredentialsError(
                     f"{where}: tokenFile {token_file}: empty: it must hold the token"
                 )
-        api = KubeApi.at(server, tls, token, where, trust, token_file)  # its refusals first
+        if token_file is not None:
+            credential = f"the tokenFile {token_file} of {where}"
+        elif token is not None:
+            credential = f"the token of {where}"
+        elif "client-certificate" in user or "client-certificate-data" in user:
+            credential = f"the client certificate of {where}"
+        else:
+            credential = f"no credential ({where}'s user has none)"
+        api = KubeApi.at(server, tls, token, where, trust, credential, token_file)
         if (
             token is None
             and "client-certificate" not in user
@@ -323,7 +343,8 @@ class KubeApi:
             raise CredentialsError(f"{where}: token: empty: {fix}")
         return KubeApi.at(
             f"https://{host}:{port}", tls, token.strip(), "KUBERNETES_SERVICE_HOST",
-            f"the service account's {ca}", SERVICE_ACCOUNT / "token",
+            f"the service account's {ca}", f"the service account's {SERVICE_ACCOUNT / 'token'}",
+            SERVICE_ACCOUNT / "token",
         )  # fmt: skip
 
     @staticmethod
@@ -333,6 +354,7 @@ class KubeApi:
         token: object,
         where: str,
         trust: str,
+        credential: str,
         token_file: Path | None = None,
     ) -> KubeApi:
         if token is not None and not isinstance(token, str):
@@ -374,7 +396,7 @@ class KubeApi:
             )
         # a path (a proxy's, e.g. Rancher's /k8s/clusters/c-1) prefixes every call, as client-go
         rotated = None if token_file is None or bearer is None else TokenFile(token_file, bearer)
-        return KubeApi(host, port, tls, bearer, url.path.rstrip("/"), rotated, trust)
+        return KubeApi(host, port, tls, bearer, url.path.rstrip("/"), rotated, trust, credential)
 
     def call(
         self,
@@ -407,7 +429,8 @@ class KubeApi:
         finally:
             silent.cancel()
             conn.close()
-        self.said.untrusted = False
+        if response.status != 401:
+            self.said.faults.clear()
         if response.status >= 300:
             raise self._refused(method, path, response, text)
         try:
@@ -451,15 +474,16 @@ class KubeApi:
     def _untrusted(self, what: str, exc: ssl.SSLCertVerificationError) -> KubeApiError:
         """The server's certificate is not signed by what the client trusts: a fault of the
         kubeconfig (or the server), said once at ERROR with the file to fix; retried quietly."""
-        message = (
+        if exc.verify_code in _NAME_MISMATCH:  # the CA is right: the address is not the one
+            return self.said.once("name", (
+                f"{what}: the certificate of {self.address} does not name {self.host} "
+                f"({exc.verify_message}): give the server by an address its certificate names"
+            ))  # fmt: skip
+        return self.said.once("trust", (
             f"{what}: the certificate of {self.address} cannot be verified against {self.trust} "
             f"({exc.verify_message}): give the CA that signed the API server's certificate "
             "there (kubectl config view --raw shows the cluster's)"
-        )
-        if not self.said.untrusted:
-            self.said.untrusted = True
-            logger.error("%s; retrying quietly until it is mended", message)
-        return KubeApiError(message, said=True)
+        ))  # fmt: skip
 
     def _failed(self, exc: Exception) -> Exception | str:
         """Why a call failed, naming where it went (a forgotten port dials 443)."""
@@ -511,9 +535,13 @@ class KubeApi:
             said = text
         said = said or response.reason  # a redirect, a bare 5xx: its status line says
         # a proxy may echo the Authorization header, raw or encoded
-        return KubeApiError(
-            f"{method} {path}: {response.status} {one_line(self.mask(said))}", response.status
-        )
+        message = f"{method} {path}: {response.status} {one_line(self.mask(said))}"
+        if response.status == 401:
+            return self.said.once("credential", (
+                f"{message}: the API server does not take {self.credential}: renew it (a "
+                "kubeconfig's token may have expired; the kubelet rotates a pod's own)"
+            ), 401)  # fmt: skip
+        return KubeApiError(message, response.status)
 
 
 def _tokens(config: dict[str, Any]) -> list[str]:

@@ -48,6 +48,7 @@ class HealthWatcher:
         interval: float,
         publish: Publish,
         on_problems: Callable[[Sequence[NodeProblem]], None] = lambda problems: None,
+        front_end: Callable[[], Sequence[NodeProblem]] = tuple,
     ) -> None:
         self.discovery = discovery
         self.config = config
@@ -55,6 +56,9 @@ class HealthWatcher:
         self.interval = interval
         self.publish = publish
         self.on_problems = on_problems  # every scan's problems (the Node's Events)
+        # the front end's own problems as of its last publish (a device it cannot name, the
+        # kubelet refusing it): said, counted and evented with the node's
+        self.front_end = front_end
         self._trigger = asyncio.Event()
         self._reported: tuple[NodeProblem, ...] | None = None
         # netdevs rtnetlink last reported without carrier; they hold their ports down
@@ -65,14 +69,21 @@ class HealthWatcher:
         # a problem, and its health series stays, at 0, for the alert on it
         self._served: set[tuple[str, str]] = set()
         self._fail_fast: asyncio.Task[None] | None = None
+        self._made: tuple[Inventory, list[pools.PoolView], list[str]] = (Inventory(), [], [])
 
     def _make_views(self) -> list[pools.PoolView]:
         """The last scan's inventory with the ports of netdevs without carrier held down."""
         inventory = without_carrier(self._inventory, self._no_carrier)
         views, conflicts = pools.assign(self.config, inventory, self._views)
         self._views = views
-        self._report(inventory, views, conflicts)
+        self._made = (inventory, views, conflicts)
         return views
+
+    async def _publish(self, views: list[pools.PoolView]) -> None:
+        """The views to the front end, then the problems they and its answer hold."""
+        await self.publish(views)
+        if views is self._views:  # not views a later change has replaced meanwhile
+            self._report(*self._made)
 
     async def run(self) -> None:
         """Scan on every relevant kernel event and every `interval`, publishing each result."""
@@ -106,7 +117,7 @@ class HealthWatcher:
         self._inventory = inventory
         self.metrics.last_scan.set(time.time())
         # carrier lost while the scan ran is still held: _make_views applies the current set
-        await self.publish(self._make_views())
+        await self._publish(self._make_views())
 
     def _on_overrun(self, rtnetlink: bool) -> None:
         self.metrics.errors.labels(kind="netlink_overrun").inc()
@@ -132,7 +143,7 @@ class HealthWatcher:
     ) -> None:
         if previous is not None:
             await previous
-        await self.publish(views)
+        await self._publish(views)
 
     def _report(
         self, inventory: Inventory, views: list[pools.PoolView], conflicts: list[str]
@@ -174,9 +185,10 @@ class HealthWatcher:
             ]
             problems += [NodeProblem(HCA_SKIPPED, f"{resource}: {r}") for r in view.skipped]
             if not view.hcas:
-                problems.append(
-                    NodeProblem(POOL_EMPTY, f"{resource}: {_why_empty(inventory, view)}")
-                )
+                lost = [h for r, h in gone if r == resource]
+                why = _why_empty(inventory, view, lost)
+                problems.append(NodeProblem(POOL_EMPTY, f"{resource}: {why}"))
+        problems += self.front_end()
         if self.config.non_host_network:
             hcas = tuple(h for v in views for h in v.hcas)
             net = non_host_network_problems(inventory, hcas)
@@ -205,7 +217,9 @@ def _hcas(view: pools.PoolView) -> str:
     return f"{usable} of {len(view.hcas)} HCAs usable"
 
 
-def _why_empty(inventory: Inventory, view: pools.PoolView) -> str:
+def _why_empty(inventory: Inventory, view: pools.PoolView, gone: list[str]) -> str:
+    if gone:  # each said as gone already: the selector is not at fault
+        return f"the HCAs it served ({', '.join(gone)}) are gone: 0 devices until they are back"
     if not inventory.hcas:
         return (
             "no RDMA device on this node (sysfs class/infiniband missing or empty: is the RDMA "

@@ -1416,3 +1416,29 @@ def test_pools_whose_devices_cannot_be_named_are_refused_at_start(
 
     assert done.returncode == 2
     assert done.stderr.splitlines() == [f"rdma-dra-driver: {said}"]
+
+
+async def test_devices_a_pool_cannot_name_on_this_node_are_problems_not_only_warnings(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    """A 57-character exclusive pool passes the start check (room for rxe0), but mlx5_0's
+    device name is 64 characters: nothing was published while the driver reported healthy."""
+    name = "rdma-exclusive-hcas-for-distributed-training-jobs-lingjun"
+    config = short_tmp / "config.yaml"
+    config.write_text(f"version: v1\npools: [{{name: {name}, mode: exclusive}}]\n")
+    driver = Driver(short_tmp, tree)
+    driver.spec = dataclasses.replace(driver.spec, config=config)
+    await driver.start()
+    try:
+        url = f"http://{driver.spec.metrics_address}/metrics"
+        for _ in range(100):
+            text = await asyncio.to_thread(lambda: urllib.request.urlopen(url).read().decode())
+            if "rdma_plugin_problems 2.0" in text:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        assert await driver.stop() == 0
+
+    assert "rdma_plugin_problems 2.0" in text
+    said = driver.log.read_text()
+    assert f"ERROR plugin.core.node.health: {name}: device {name}-mlx5-0 is not a DNS label" in said

@@ -114,7 +114,29 @@ def test_device_names_that_collide_as_dns_labels_are_skipped_and_said(tmp_path: 
 
     assert len(devices) == 1
     assert len(skipped) == 1
-    assert "device nic-mlx5-0 is not a DNS label unique on this node" in skipped[0]
+    assert skipped == [
+        "nic: device nic-mlx5-0 is not published: rename one of its HCAs, whose names read alike "
+        "as a DNS label"
+    ]
+
+
+def test_a_device_name_two_pools_make_names_the_other_pool(tmp_path: Path) -> None:
+    """An exclusive pool x's mlx5_0 and a shared pool x-mlx5's first slot are both x-mlx5-0."""
+    tree = SysfsTree(tmp_path).rdma_cm()
+    tree.add_pci_hca("mlx5_0", pci="0000:1a:00.0")
+    tree.add_pci_hca("mlx5_1", pci="0000:1b:00.0")
+    configured = (
+        Pool(name="x", mode="exclusive", selector=Selector(ibdevs=("mlx5_0",))),
+        Pool(name="x-mlx5", max_allocations=2, selector=Selector(ibdevs=("mlx5_1",))),
+    )
+
+    devices, skipped = slice_devices(_views(tree, *configured))
+
+    assert [(d.name, d.pool) for d in devices] == [("x-mlx5-0", "x"), ("x-mlx5-1", "x-mlx5")]
+    assert skipped == [
+        "x-mlx5: device x-mlx5-0 is not published: rename this pool or pool x, which has a "
+        "device of that name"
+    ]
 
 
 @pytest.mark.parametrize(("count", "sizes"), [(0, [0]), (128, [128]), (1000, [128] * 7 + [104])])

@@ -188,3 +188,61 @@ def test_a_server_the_kubeconfigs_ca_does_not_verify_is_said_once_naming_the_fil
     ]
     assert all(f.said for f in failures)
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def _kubeconfig(tmp_path: Path, port: int, cluster: dict[str, object]) -> Path:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}", **cluster}}],
+        "users": [{"name": "u", "user": {"token": "t0k3n-abcdefgh"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }))  # fmt: skip
+    return kubeconfig
+
+
+def test_a_server_certificate_not_naming_the_address_is_said_as_such_not_as_a_bad_ca(
+    raw_tls: tuple[int, list[bytes]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The CA was right (the server's own certificate), the address not one it names: the fix
+    said was to change the CA."""
+    port, answers = raw_tls
+    answers.append(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+    api = KubeApi.from_kubeconfig(
+        _kubeconfig(tmp_path, port, {"certificate-authority": str(tmp_path / "c.pem")})
+    )
+
+    with pytest.raises(KubeApiError) as caught:
+        api.call("GET", "/api/v1/nodes/n1")
+
+    assert str(caught.value) == (
+        f"GET /api/v1/nodes/n1: the certificate of 127.0.0.1:{port} does not name 127.0.0.1 "
+        "(IP address mismatch, certificate is not valid for '127.0.0.1'.): give the server by an "
+        "address its certificate names"
+    )
+    assert [r.levelname for r in caplog.records] == ["ERROR"]
+
+
+def test_a_credential_the_server_does_not_take_is_named_and_said_once(
+    raw_tls: tuple[int, list[bytes]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 401 was "401 Unauthorized" at WARNING on every retry, naming no credential."""
+    port, answers = raw_tls
+    body = b'{"kind":"Status","message":"Unauthorized","code":401}'
+    answers.append(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    kubeconfig = _kubeconfig(tmp_path, port, {"insecure-skip-tls-verify": True})
+    api = KubeApi.from_kubeconfig(kubeconfig)
+
+    failures = []
+    for _ in range(3):
+        with pytest.raises(KubeApiError) as caught:
+            api.call("GET", "/api/v1/nodes/n1")
+        failures.append(caught.value)
+
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [
+        f"GET /api/v1/nodes/n1: 401 Unauthorized: the API server does not take the token of "
+        f"--kubeconfig {kubeconfig}: renew it (a kubeconfig's token may have expired; the "
+        "kubelet rotates a pod's own); retrying quietly until it is mended"
+    ]
+    assert all(f.said and f.status == 401 for f in failures)
