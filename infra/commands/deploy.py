@@ -58,6 +58,7 @@ from infra.stack.files import (
     StackFileError,
     find_stack_file,
     stack_config,
+    stack_help,
     stack_name,
 )
 from infra.stack.keys import PROJECT, PROJECT_DIR, StackConfigError
@@ -163,8 +164,8 @@ def run(action: str, stack: auto.Stack, diff: bool = False) -> None:
 
 
 INSTALL = (
-    "install the Pulumi CLI (3.277 is tested: https://www.pulumi.com/docs/install/), or build "
-    "it with `make engine` and put the directory tests/engine/build.sh prints on PATH"
+    "install the Pulumi CLI: curl -fsSL https://get.pulumi.com | sh, then open a new shell "
+    "(3.277 is the version tested; https://www.pulumi.com/docs/install/ lists other ways)"
 )
 
 
@@ -483,9 +484,7 @@ def _bytes(path: Path) -> bytes | None:
 def main(argv: list[str] | None = None) -> int:
     parser = Parser("python -m infra.commands.deploy", __doc__)
     parser.add_argument("action", choices=ACTIONS)
-    parser.add_argument(
-        "--stack", required=True, type=stack_name, help="dev, staging, prod or local"
-    )
+    parser.add_argument("--stack", required=True, type=stack_name, help=stack_help())
     parser.add_argument("--diff", action="store_true", help="show each resource's diff")
     parser.add_argument(
         "--project-dir",

@@ -57,8 +57,8 @@ from infra.commands.offline import (
     run_program,
 )
 from infra.stack.credentials import SECRET
-from infra.stack.files import StackFileError, stack_config, stack_name
-from infra.stack.keys import StackConfigError, qualified
+from infra.stack.files import StackFileError, stack_config, stack_help, stack_name
+from infra.stack.keys import PROJECT, StackConfigError, qualified
 from infra.stack.samples import JobSpecError
 from plugin.config import ConfigError
 
@@ -515,20 +515,28 @@ def _remove_render(directory: Path) -> Path | None:
 
 
 def _as_flags(problem: str, overrides: list[str]) -> str:
-    """A key given with --set is in no stack file: removing it is dropping that flag, not
-    `pulumi config rm` (the program says what `pulumi preview` users run)."""
+    """A refusal's fix in render's own terms: a key is set with --set (or in the stack file),
+    and one given with --set is removed by dropping that flag (the program says what
+    `pulumi preview` users run)."""
     for item in overrides:
         key = item.partition("=")[0]
         full = key if ":" in key else qualified(key)
         problem = problem.replace(f"(pulumi config rm {full})", f"(render: drop --set {key})")
-    return problem
+    problem = _CONFIG_SET.sub(lambda m: f"(--set {m['key']}={m['value']})", problem)
+    return _LIST_SET.sub(lambda m: f"({m['render']})", problem)
+
+
+# The program's fixes for one key (`pulumi config set lingjun-rdma:K V`), and for a list key
+# (the CLI's item-by-item recipe, followed by render's own form)
+_CONFIG_SET = re.compile(
+    rf"\(pulumi config set {re.escape(PROJECT)}:(?P<key>[A-Za-z0-9]+) (?P<value>[^()]*)\)"
+)
+_LIST_SET = re.compile(r"\((?:pulumi config [^()]*?; )+render: (?P<render>--set [^()]*)\)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser("python -m infra.commands.render", __doc__)
-    parser.add_argument(
-        "--stack", required=True, type=stack_name, help="dev, staging, prod or local"
-    )
+    parser.add_argument("--stack", required=True, type=stack_name, help=stack_help())
     parser.add_argument("--out", type=_out_dir, required=True, help="directory to (re)write")
     parser.add_argument(
         "--set",

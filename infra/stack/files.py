@@ -53,6 +53,12 @@ def stack_name(text: str) -> str:
     return text
 
 
+def stack_help(project_dir: Path = PROJECT_DIR) -> str:
+    """--stack's help: the stack files there are."""
+    found = sorted(p.name.split(".")[1] for p in (project_dir / STACKS_DIR).glob("Pulumi.*.yaml"))
+    return f"a stack of {STACKS_DIR}/Pulumi.<stack>.yaml: {', '.join(found) or 'none yet'}"
+
+
 def find_stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> Path:
     """stacks/Pulumi.<stack>.yaml, or StackFileError naming the stacks there are."""
     if not _STACK_NAME.fullmatch(stack):
