@@ -55,8 +55,14 @@ def main() -> dict[str, pulumi.Output[Any]]:
     exports["kubeconfig"] = kubeconfig
 
     in_cluster = pulumi.ResourceOptions(providers=[*clouds, provider])
-    plugin = RdmaDevicePlugin("rdma-device-plugin", _plugin_args(cfg), opts=in_cluster)
+    # named after what it runs: its DaemonSet, ServiceAccount, ConfigMap and RBAC too
+    agent = "rdma-dra-driver" if cfg.dra else "rdma-device-plugin"
+    plugin = RdmaDevicePlugin(agent, _plugin_args(cfg), opts=in_cluster)
     exports["pluginDaemonSet"] = plugin.daemonset_name
+    exports["agentNodeSelector"] = pulumi.Output.from_input(
+        ",".join(f"{k}={v}" for k, v in cfg.node_selector.items())
+    )
+    exports["agentNodes"] = plugin.nodes
     exports["pluginImage"] = plugin.image
     if cfg.monitoring != "none":
         RdmaMonitoring(
@@ -107,6 +113,7 @@ def _plugin_args(cfg: StackConfig) -> DevicePluginArgs:
         image=cfg.plugin_image,
         registry_namespace=f"{NAME}-{pulumi.get_stack()}",
         await_timeout=cfg.plugin_await_timeout,
+        node_selector=cfg.node_selector,
     )
 
 

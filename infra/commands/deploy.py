@@ -154,7 +154,14 @@ def run(action: str, stack: auto.Stack, diff: bool = False) -> None:
     if action == "preview":
         stack.preview(on_output=_out, diff=diff)
     elif action == "up":
-        stack.up(on_output=_out, diff=diff)
+        outputs = stack.up(on_output=_out, diff=diff).outputs
+        if (nodes := outputs.get("agentNodes")) is not None and nodes.value == 0:
+            selector = outputs["agentNodeSelector"].value
+            say(
+                f"deploy: warning: the RDMA node agent runs on no node: none carries {selector} "
+                "(kubectl label node <node> LABEL=VALUE, or set lingjun-rdma:agentNodeSelector "
+                "to the label your RDMA nodes carry)"
+            )
     elif action == "refresh":
         stack.refresh(on_output=_out, diff=diff)
     elif action == "destroy":

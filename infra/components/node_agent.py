@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -25,7 +25,6 @@ from plugin.launch import (
     LaunchSpec,
 )
 
-LINGJUN_NODE_LABEL = "alibabacloud.com/lingjun-worker"
 # Relative to the project directory, where Pulumi runs the program: the plan stays the same on
 # every clone.
 BUILD_CONTEXT = "."
@@ -111,6 +110,8 @@ class DevicePluginArgs:
     registry_namespace: str
     # How long `pulumi up` waits for the DaemonSet to roll out (a duration such as 10m).
     await_timeout: str
+    # The nodes it runs on
+    node_selector: Mapping[str, str]
 
 
 class RdmaDevicePlugin(pulumi.ComponentResource):
@@ -118,6 +119,7 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
     spec says); its ConfigMap is the plugin's own config model."""
 
     daemonset_name: pulumi.Output[str]
+    nodes: pulumi.Output[int | None]
     image: pulumi.Output[str]
     pod_labels: dict[str, str]
 
@@ -182,6 +184,7 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
                 config_map=config_map.metadata.name,
                 config_sha256=hashlib.sha256(config_text.encode()).hexdigest(),
                 pull_secrets=pull_secrets,
+                node_selector=args.node_selector,
             ),
             # The provider awaits the rollout on every node, 10 minutes unless told otherwise.
             opts=pulumi.ResourceOptions.merge(
@@ -194,7 +197,11 @@ class RdmaDevicePlugin(pulumi.ComponentResource):
             ),
         )
         self.daemonset_name = daemonset.metadata.name
-        self.register_outputs({"daemonset_name": self.daemonset_name, "image": self.image})
+        # the nodes its selector matched when the rollout was awaited (0: it runs nowhere)
+        self.nodes = daemonset.status.apply(lambda s: s.desired_number_scheduled if s else None)
+        self.register_outputs(
+            {"daemonset_name": self.daemonset_name, "image": self.image, "nodes": self.nodes}
+        )
 
     def _event_access(self, name: str, namespace: str, opts: pulumi.ResourceOptions) -> None:
         """Warning Events on its Node for what it finds wrong: create and patch Events in the
@@ -438,6 +445,7 @@ def _daemonset_spec(
     config_map: pulumi.Input[str],
     config_sha256: str,
     pull_secrets: list[k8s.core.v1.LocalObjectReferenceArgs],
+    node_selector: Mapping[str, str],
 ) -> k8s.apps.v1.DaemonSetSpecArgs:
     if launch.metrics_port is None:
         raise ValueError(
@@ -509,7 +517,7 @@ def _daemonset_spec(
         # the DRA driver publishes ResourceSlices and reads claims: its token, and only its
         # Events on its Node; the DRA driver's slices and claims too (see the RBAC)
         automount_service_account_token=True,
-        node_selector={LINGJUN_NODE_LABEL: "true"},
+        node_selector=dict(node_selector),
         tolerations=[k8s.core.v1.TolerationArgs(operator="Exists")],
         image_pull_secrets=pull_secrets or None,
         containers=[container],

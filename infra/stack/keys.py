@@ -114,6 +114,7 @@ class Keys(BaseModel):
     rdma_port_counters: Flag
     rdma_pod_qps: Flag
     rdma_monitoring: Monitoring
+    agent_node_selector: str | None = None
     namespace: str
     plugin_image: str | None = None
     plugin_image_build: Flag

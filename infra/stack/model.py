@@ -145,6 +145,8 @@ class StackConfig:
     plugin_await_timeout: str
     # The plugin's scrape, alerts and dashboard, for this monitoring (rdmaMonitoring)
     monitoring: Monitoring
+    # The nodes the node agent's DaemonSet runs on (agentNodeSelector)
+    node_selector: Mapping[str, str]
 
     @property
     def non_host_network(self) -> bool:
@@ -235,6 +237,7 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
     plugin, plugin_problems = plugin_config(k)
     samples, sample_problems = _samples(k, images)
     deadline, timeout_problems = _timeouts(k)
+    selector, selector_problems = _node_selector(k)
     launch, launch_problems = plugin_launch(k)
     problems = [
         *_unused(k, {key for key, value in raw.items() if value != project_defaults().get(key)}),
@@ -250,6 +253,7 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
         *sample_problems,
         *_check_nodes(k, samples),
         *timeout_problems,
+        *selector_problems,
     ]
     if problems or cluster is None or image is None or plugin is None or launch is None:
         raise StackConfigError("\n".join(problems))
@@ -264,6 +268,7 @@ def parse(raw: Mapping[str, str], secret: Set[str] = frozenset()) -> StackConfig
         job_deadline_seconds=deadline,
         plugin_await_timeout=k.plugin_await_timeout,
         monitoring=k.rdma_monitoring,
+        node_selector=selector,
     )
 
 
@@ -702,6 +707,40 @@ def _built_image(k: Keys) -> tuple[BuiltImage | None, list[str]]:
     if problems or k.acr_instance_id is None:
         return None, problems
     return BuiltImage(k.acr_instance_id, login), []
+
+
+# ACK's label of its Lingjun nodes: what a created cluster's node pool carries.
+LINGJUN_NODE_LABEL = ("alibabacloud.com/lingjun-worker", "true")
+# A label's key ([prefix/]name) and value, as Kubernetes takes them.
+_LABEL_KEY = re.compile(
+    r"(?:(?=[^/]{1,253}/)[a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
+_LABEL_VALUE = re.compile(r"(?:(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+def _node_selector(k: Keys) -> tuple[dict[str, str], list[str]]:
+    """The agent's nodes: ACK's Lingjun label on a cluster the stack creates, unless the stack
+    says otherwise; an adopted cluster's own choice (no node of it carries that label unless
+    someone put it there)."""
+    example = "=".join(LINGJUN_NODE_LABEL)
+    fix = _set("agentNodeSelector", example)
+    if not k.agent_node_selector:
+        if k.creates_cluster:
+            return dict([LINGJUN_NODE_LABEL]), []
+        return {}, [
+            f"{_key('agentNodeSelector')}: required on an adopted cluster: the label its RDMA "
+            f"nodes carry (kubectl get nodes --show-labels), as LABEL=VALUE {fix}"
+        ]
+    selector: dict[str, str] = {}
+    for i, pair in enumerate(k.agent_node_selector.split(",")):
+        key, sep, value = pair.strip().partition("=")
+        if not sep or not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
+            return {}, [
+                f"{_key('agentNodeSelector')}: its item {i + 1} is not LABEL=VALUE as Kubernetes "
+                f"spells a label (got {described(pair)}) {fix}"
+            ]
+        selector[key] = value
+    return selector, []
 
 
 def _timeouts(k: Keys) -> tuple[int | None, list[str]]:

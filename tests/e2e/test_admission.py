@@ -23,7 +23,7 @@ from tests.e2e.procs import eventually
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 NAMESPACE = "lingjun-rdma"
-AGENT = f"system:serviceaccount:{NAMESPACE}:rdma-device-plugin"
+AGENT = f"system:serviceaccount:{NAMESPACE}:rdma-dra-driver"  # named after what it runs
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 EVENTS = f"/api/v1/namespaces/{EVENT_NAMESPACE}/events"

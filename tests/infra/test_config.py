@@ -545,3 +545,24 @@ def test_an_unknown_key_is_named_with_the_known_one_it_is_near(key: str, said: s
         stack_config("dev", [f"{key}=x"])
 
     assert str(refused.value) == f"{said} (pulumi config rm lingjun-rdma:{key})"
+
+
+def test_the_agents_nodes_are_ack_lingjun_label_on_a_created_cluster() -> None:
+    assert parse(_raw("dev")).node_selector == {"alibabacloud.com/lingjun-worker": "true"}
+    chosen = parse(_raw("dev", agentNodeSelector="rdma=yes,zone.example.com/pod=a"))
+    assert chosen.node_selector == {"rdma": "yes", "zone.example.com/pod": "a"}
+
+
+def test_an_adopted_cluster_must_say_which_nodes_the_agent_runs_on() -> None:
+    """On a cluster adopted by kubeconfig no node carries ACK's Lingjun label unless someone
+    put it there: the DaemonSet silently got no pods."""
+    assert _error("local", agentNodeSelector="") == (
+        "lingjun-rdma:agentNodeSelector: required on an adopted cluster: the label its RDMA "
+        "nodes carry (kubectl get nodes --show-labels), as LABEL=VALUE (pulumi config set "
+        "lingjun-rdma:agentNodeSelector alibabacloud.com/lingjun-worker=true)"
+    )
+
+
+@pytest.mark.parametrize("selector", ["rdma", "=x", "a b=c", "rdma=yes,", "x=" + "v" * 64])
+def test_a_node_selector_not_as_kubernetes_spells_a_label_is_refused(selector: str) -> None:
+    assert "lingjun-rdma:agentNodeSelector: its item" in _error(agentNodeSelector=selector)

@@ -24,7 +24,7 @@ DRA = (
 
 
 def _container(result: Any) -> dict[str, Any]:
-    ds = k8s_object(result, "DaemonSet", "rdma-device-plugin")
+    (ds,) = k8s_objects(result, "DaemonSet")
     (container,) = ds["spec"]["template"]["spec"]["containers"]
     return container
 
@@ -42,7 +42,7 @@ def test_the_daemonset_runs_the_dra_driver_its_launch_spec_parses_back() -> None
 
 def test_the_driver_is_unprivileged_and_mounts_only_the_dirs_it_writes_and_reads() -> None:
     result = run("local", *DRA)
-    pod = k8s_object(result, "DaemonSet", "rdma-device-plugin")["spec"]["template"]["spec"]
+    pod = k8s_object(result, "DaemonSet", "rdma-dra-driver")["spec"]["template"]["spec"]
     container = _container(result)
 
     context = container["securityContext"]
@@ -65,7 +65,7 @@ def test_the_driver_is_unprivileged_and_mounts_only_the_dirs_it_writes_and_reads
 def test_its_rbac_is_its_slices_and_reading_claims_and_pods_only() -> None:
     result = run("local", *DRA)
 
-    role = k8s_object(result, "ClusterRole", "rdma-device-plugin")
+    role = k8s_object(result, "ClusterRole", "rdma-dra-driver")
     assert role["rules"] == [
         {
             "apiGroups": ["resource.k8s.io"],
@@ -75,9 +75,9 @@ def test_its_rbac_is_its_slices_and_reading_claims_and_pods_only() -> None:
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
     ]
-    binding = k8s_object(result, "ClusterRoleBinding", "rdma-device-plugin")
+    binding = k8s_object(result, "ClusterRoleBinding", "rdma-dra-driver")
     assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "rdma-device-plugin", "namespace": "lingjun-rdma"}
+        {"kind": "ServiceAccount", "name": "rdma-dra-driver", "namespace": "lingjun-rdma"}
     ]
 
 
@@ -124,6 +124,9 @@ def test_the_device_plugin_stays_the_default_with_no_dra_object() -> None:
     result = run("local")
 
     assert _container(result)["command"][:3] == ["python", "-m", "plugin.deviceplugin"]
+    assert [d["metadata"]["name"] for d in k8s_objects(result, "DaemonSet")] == [
+        "rdma-device-plugin"
+    ]
     for kind in ("DeviceClass", "ResourceClaimTemplate", "ClusterRole"):
         assert k8s_objects(result, kind) == []
 
@@ -165,18 +168,19 @@ def test_both_front_ends_may_post_events_on_their_node_and_nothing_more_in_defau
     overrides: tuple[str, ...],
 ) -> None:
     result = run("local", *overrides)
+    agent = "rdma-dra-driver" if overrides else "rdma-device-plugin"  # named after what it runs
 
-    role = k8s_object(result, "Role", "rdma-device-plugin")
+    role = k8s_object(result, "Role", agent)
     assert role["metadata"]["namespace"] == launch.EVENT_NAMESPACE
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}
     ]
-    binding = k8s_object(result, "RoleBinding", "rdma-device-plugin")
+    binding = k8s_object(result, "RoleBinding", agent)
     assert binding["metadata"]["namespace"] == launch.EVENT_NAMESPACE
     assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "rdma-device-plugin", "namespace": "lingjun-rdma"}
+        {"kind": "ServiceAccount", "name": agent, "namespace": "lingjun-rdma"}
     ]
-    pod = k8s_object(result, "DaemonSet", "rdma-device-plugin")["spec"]["template"]["spec"]
+    pod = k8s_object(result, "DaemonSet", agent)["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is True
     (env,) = pod["containers"][0]["env"]
     assert env["name"] == launch.NODE_NAME_ENV
@@ -189,20 +193,21 @@ def test_admission_holds_the_agents_writes_to_its_own_node(
     """RBAC lets the agent write every node's slices and Events; a policy bound to Deny admits
     its writes only about the node its token names (proven on the real API server in e2e)."""
     result = run("local", *mode)
+    agent = "rdma-dra-driver" if mode else "rdma-device-plugin"
 
     for what in policies:
-        name = f"rdma-device-plugin-own-node-{what}"
+        name = f"{agent}-own-node-{what}"
         policy = k8s_object(result, "ValidatingAdmissionPolicy", name)
         spec = policy["spec"]
         assert spec["failurePolicy"] == "Fail"
         assert spec["matchConditions"] == [{
             "name": "the-rdma-agent",
             "expression": "request.userInfo.username == "
-                          "'system:serviceaccount:lingjun-rdma:rdma-device-plugin'",
+                          f"'system:serviceaccount:lingjun-rdma:{agent}'",
         }]  # fmt: skip
         (rule,) = spec["matchConstraints"]["resourceRules"]
         assert rule["apiVersions"] == ["*"]  # resource.k8s.io/v1 too
         binding = k8s_object(result, "ValidatingAdmissionPolicyBinding", name)
         assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
     names = {o["metadata"]["name"] for o in k8s_objects(result, "ValidatingAdmissionPolicy")}
-    assert names == {f"rdma-device-plugin-own-node-{what}" for what in policies}
+    assert names == {f"{agent}-own-node-{what}" for what in policies}

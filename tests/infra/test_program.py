@@ -605,3 +605,20 @@ def test_pod_qps_runs_the_plugin_in_the_hosts_pid_namespace_only_when_asked() ->
     command = on["containers"][0]["command"]
     assert command[command.index("--pod-qps") + 1] == "on"
     assert on["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+@pytest.mark.parametrize(
+    ("stack", "overrides", "selector"),
+    [("dev", (), {"alibabacloud.com/lingjun-worker": "true"}),
+     ("local", ("agentNodeSelector=rdma.example.com/nic=cx7",), {"rdma.example.com/nic": "cx7"})],
+)  # fmt: skip
+def test_the_agents_daemonset_runs_on_the_nodes_the_stack_names(
+    stack: str, overrides: tuple[str, ...], selector: dict[str, str]
+) -> None:
+    result = run(stack, *overrides)
+
+    daemonset = one(result, "kubernetes:apps/v1:DaemonSet")
+    assert daemonset.inputs["spec"]["template"]["spec"]["nodeSelector"] == selector
+    assert result.outputs["agentNodeSelector"][0] == ",".join(
+        f"{k}={v}" for k, v in selector.items()
+    )
