@@ -70,7 +70,8 @@ MARKER = ".lingjun-render"
 
 # The names a render gives its files: kind-namespace-name.yaml (Kubernetes names: lower case),
 # plan.md. A marker listing any other name (a user's notes.txt, ../x) is not one it wrote.
-_RENDER_NAME = re.compile(r"plan\.md|[a-z]+-[a-z0-9][a-z0-9.-]{0,250}\.yaml")
+_RENDER_NAME = re.compile(r"plan\.md|kustomization\.yaml|[a-z]+-[a-z0-9][a-z0-9.-]{0,250}\.yaml")
+KUSTOMIZATION = "kustomization.yaml"
 
 
 class OutputError(RuntimeError):
@@ -111,6 +112,25 @@ def file_name(manifest: dict[str, Any]) -> str:
     meta = manifest.get("metadata", {})
     parts = [manifest["kind"].lower(), meta.get("namespace"), meta.get("name")]
     return "-".join(p for p in parts if p) + ".yaml"
+
+
+def kustomization(stack: str, objects: dict[str, dict[str, Any]]) -> str:
+    """`kubectl apply -k` of the render, for a cluster without Pulumi: every object but one
+    holding a secret render does not know (said in the file: create it yourself)."""
+    held = sorted(n for n, o in objects.items() if SECRET in json.dumps(o))
+    lines = [
+        f"# kubectl apply -k of stack {stack}'s Kubernetes objects, as `python -m "
+        "infra.commands.render` wrote them.",
+        *(
+            f"# not listed: {n} holds a secret this render does not know: make it yourself"
+            for n in held
+        ),
+        "apiVersion: kustomize.config.k8s.io/v1beta1",
+        "kind: Kustomization",
+        "resources:",
+        *(f"- {n}" for n in sorted(objects) if n not in held),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def plan_markdown(stack: str, result: RunResult, files: list[str]) -> str:
@@ -393,6 +413,7 @@ def _write(out: Path, stack: str, result: RunResult, objects: list[dict[str, Any
         for name, manifest in zip(names, objects, strict=True)
     }
     texts["plan.md"] = plan_markdown(stack, result, names)
+    texts[KUSTOMIZATION] = kustomization(stack, dict(zip(names, objects, strict=True)))
     files = {name: _text_digest(text) for name, text in texts.items()}
     marker = {"writer": f"python -m infra.commands.render --stack {stack}", "files": files}
     texts[MARKER] = json.dumps(marker, indent=1, sort_keys=True) + "\n"  # last: it lists the rest

@@ -22,7 +22,15 @@ from infra.commands.offline import (
     RunResult,
     check_unique,
 )
-from infra.commands.render import KUBERNETES_VERSION, MARKER, OutputError, main, render, validate
+from infra.commands.render import (
+    KUBERNETES_VERSION,
+    KUSTOMIZATION,
+    MARKER,
+    OutputError,
+    main,
+    render,
+    validate,
+)
 from infra.stack.files import StackFileError, stack_config
 from infra.stack.keys import PROJECT_DIR
 from tests.infra.conftest import STACKS, run
@@ -34,8 +42,10 @@ def test_every_stack_renders_schema_valid_manifests_and_a_plan(stack: str, tmp_p
 
     files = render(stack, out)
 
-    manifests = [f for f in files if f.suffix == ".yaml"]
+    manifests = [f for f in files if f.suffix == ".yaml" and f.name != KUSTOMIZATION]
     assert out / "plan.md" in files
+    kustomization = yaml.safe_load((out / KUSTOMIZATION).read_text())
+    assert kustomization["resources"] == sorted(f.name for f in manifests)  # kubectl apply -k
     assert {"DaemonSet", "ConfigMap", "ServiceAccount", "Namespace"} <= {
         yaml.safe_load(f.read_text())["kind"] for f in manifests
     }
@@ -53,6 +63,11 @@ def test_registry_pull_secret_renders_schema_valid_and_hidden(tmp_path: Path) ->
     )
     assert secret["stringData"] == {".dockerconfigjson": SECRET}
     assert not [f for f in (tmp_path / "p").iterdir() if "hunter2" in f.read_text()]
+    kustomization = (tmp_path / "p" / KUSTOMIZATION).read_text()  # its value is not known here
+    assert "- secret-lingjun-rdma-rdma-device-plugin-pull.yaml" not in kustomization
+    assert "# not listed: secret-lingjun-rdma-rdma-device-plugin-pull.yaml holds a secret" in (
+        kustomization
+    )
 
 
 @pytest.mark.parametrize("stack", STACKS)
