@@ -164,38 +164,14 @@ class HealthWatcher:
             for hca in view.hcas:
                 ok = hca.unhealthy_reason() is None
                 self.metrics.hca_healthy.labels(resource, hca.name).set(1 if ok else 0)
-        problems: list[NodeProblem] = []
-        if not inventory.rdma_cm and inventory.hcas:
-            problems.append(NodeProblem(NO_RDMA_CM, "no rdma_cm device node (is rdma_ucm loaded?): "
-                                    "pods get no RDMA connection manager"))  # fmt: skip
-        problems += [NodeProblem(SCAN_ERROR, e) for e in inventory.errors]
-        problems += [NodeProblem(POOL_CONFLICT, c) for c in conflicts]
-        problems += [NodeProblem(HCA_UNREADABLE, p) for h in inventory.hcas for p in h.problems]
-        problems += [
-            NodeProblem(HCA_GONE, f"{resource}: {hca}: served before, now gone from this node "
-                    "(unplugged, its driver unloaded, or renamed): pods are not given it")
-            for resource, hca in gone
-        ]  # fmt: skip
-        for view in views:  # each HCA's own reason: a shared ID stays healthy without it
-            resource = view.pool.resource_name
-            reasons = [r for h in view.hcas if (r := h.unhealthy_reason()) is not None]
-            problems += [
-                NodeProblem(HCA_UNHEALTHY, f"{resource}: {r}: left out of allocations")
-                for r in reasons
-            ]
-            problems += [NodeProblem(HCA_SKIPPED, f"{resource}: {r}") for r in view.skipped]
-            if not view.hcas:
-                lost = [h for r, h in gone if r == resource]
-                why = _why_empty(inventory, view, lost)
-                problems.append(NodeProblem(POOL_EMPTY, f"{resource}: {why}"))
-        problems += self.front_end()
+        net: list[str] = []
         if self.config.non_host_network:
-            hcas = tuple(h for v in views for h in v.hcas)
-            net = non_host_network_problems(inventory, hcas)
+            net = non_host_network_problems(inventory, tuple(h for v in views for h in v.hcas))
             self.metrics.non_host_network_ready.set(0 if net else 1)
-            problems += [
-                NodeProblem(NON_HOST_NETWORK, f"nonHostNetwork: true but {p}") for p in net
-            ]
+        problems = [
+            *node_problems(self.config, inventory, views, conflicts, gone, net),
+            *self.front_end(),
+        ]
         self.metrics.problems.set(len(problems))
         self.on_problems(problems)
         # Loud but not noisy: log the whole set whenever it changes.
@@ -207,6 +183,47 @@ class HealthWatcher:
                 f"{v.pool.resource_name}={_hcas(v)}/{len(v.devices)} IDs" for v in views
             )
             logger.info("scan (%s): %s", self.discovery.name, summary)
+
+
+def node_problems(
+    config: PluginConfig,
+    inventory: Inventory,
+    views: Sequence[pools.PoolView],
+    conflicts: Sequence[str],
+    gone: Sequence[tuple[str, str]] = (),
+    non_host_network: Sequence[str] = (),
+) -> list[NodeProblem]:
+    """What is wrong on the node, each with its reason and what to do: of one scan's inventory
+    and pool views, the HCAs served before and gone since (resource, HCA), and why pods off the
+    host network could not use RDMA here."""
+    problems: list[NodeProblem] = []
+    if not inventory.rdma_cm and inventory.hcas:
+        problems.append(NodeProblem(NO_RDMA_CM, "no rdma_cm device node (is rdma_ucm loaded?): "
+                                    "pods get no RDMA connection manager"))  # fmt: skip
+    problems += [NodeProblem(SCAN_ERROR, e) for e in inventory.errors]
+    problems += [NodeProblem(POOL_CONFLICT, c) for c in conflicts]
+    problems += [NodeProblem(HCA_UNREADABLE, p) for h in inventory.hcas for p in h.problems]
+    problems += [
+        NodeProblem(HCA_GONE, f"{resource}: {hca}: served before, now gone from this node "
+                "(unplugged, its driver unloaded, or renamed): pods are not given it")
+        for resource, hca in gone
+    ]  # fmt: skip
+    for view in views:  # each HCA's own reason: a shared ID stays healthy without it
+        resource = view.pool.resource_name
+        reasons = [r for h in view.hcas if (r := h.unhealthy_reason()) is not None]
+        problems += [
+            NodeProblem(HCA_UNHEALTHY, f"{resource}: {r}: left out of allocations") for r in reasons
+        ]
+        problems += [NodeProblem(HCA_SKIPPED, f"{resource}: {r}") for r in view.skipped]
+        if not view.hcas:
+            lost = [h for r, h in gone if r == resource]
+            why = _why_empty(inventory, view, lost)
+            problems.append(NodeProblem(POOL_EMPTY, f"{resource}: {why}"))
+    if config.non_host_network:
+        problems += [
+            NodeProblem(NON_HOST_NETWORK, f"nonHostNetwork: true but {p}") for p in non_host_network
+        ]
+    return problems
 
 
 def _hcas(view: pools.PoolView) -> str:
