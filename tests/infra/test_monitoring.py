@@ -144,8 +144,8 @@ def test_the_qps_per_pod_panel_is_on_the_dashboard_of_a_stack_that_exports_them(
     assert "Queue pairs per pod" not in titles()
 
 
-def test_the_readmes_alert_table_is_the_pack_with_its_thresholds() -> None:
-    readme = (PROJECT_DIR / "README.md").read_text()
+def test_the_monitoring_docs_alert_table_is_the_pack_with_its_thresholds() -> None:
+    readme = (PROJECT_DIR / "docs" / "monitoring.md").read_text()
     rows = {
         m["name"]: (m["when"], m["for"])
         for m in re.finditer(r"^\| `(?P<name>Rdma\w+)` \| (?P<when>[^|]+) \| (?P<for>[^|]+) \|$",

@@ -423,8 +423,8 @@ def test_a_config_refusal_is_one_line_naming_stack_key_and_fix(
     assert "pulumi config" not in line
 
 
-def test_the_readme_states_every_range_as_the_code_defines_it() -> None:
-    readme = (PROJECT_DIR / "README.md").read_text()
+def test_the_config_docs_state_every_range_as_the_code_defines_it() -> None:
+    readme = (PROJECT_DIR / "docs" / "config.md").read_text()
     low, high = RESCAN_INTERVAL_RANGE
     rows = {
         "`--rescan-interval`, `rdmaRescanInterval`": (
