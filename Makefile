@@ -7,6 +7,8 @@ STACK ?= dev
 UV_VERSION := 0.13.9
 APT_PACKAGES := python3-venv python3-pyverbs ibverbs-providers rdma-core iproute2
 STAMP := $(VENV)/.synced
+# pytest-xdist workers of `make test`: one per core
+TEST_WORKERS ?= auto
 
 .PHONY: help setup render test lint typecheck proto bench test-rdma e2e vm-node engine monitoring cold-build deploy \
   image sample-image clean
@@ -29,7 +31,7 @@ render: setup ## Offline plan + every manifest of a stack: make render STACK=dev
 	$(PY) -m infra.commands.render --stack $(STACK) --out out/$(STACK) $(RENDER_ARGS)
 
 test: setup ## The test suite (unit + integration; rdma/e2e/engine/monitoring have their own targets)
-	@$(PY) -m pytest -m "not rdma and not e2e and not engine and not monitoring and not vmnode" $(PYTEST_ARGS); rc=$$?; \
+	@$(PY) -m pytest -n $(TEST_WORKERS) -m "not rdma and not e2e and not engine and not monitoring and not vmnode" $(PYTEST_ARGS); rc=$$?; \
 	  [ $$rc -ne 5 ] || echo "pytest ran no test: that is a failure here" >&2; exit $$rc
 
 lint: setup ## ruff check + ruff format --check

@@ -105,14 +105,13 @@ def _out(line: str) -> None:
             _lost_output.append(str(getattr(exc, "strerror", None) or exc))
 
 
-def _say_when_silent() -> None:
+def _say_when_silent(done: threading.Event) -> None:
     """Name the `pulumi` command that has said nothing for _SILENCE seconds (a hung `stack
-    select`, a long step of `up`), once each time it falls silent."""
+    select`, a long step of `up`), once each time it falls silent, until `done`."""
 
     def watch() -> None:
         said_for = None
-        while True:
-            time.sleep(1)
+        while not done.wait(1):
             last = _last_output[0]
             if time.monotonic() - last >= _SILENCE and said_for != last:
                 said_for = last
@@ -502,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     threading.excepthook = _quiet_output_readers
     hold(Mask(*_engine_secrets(), label="[secret]"))  # Pulumi's own word for a masked value
+    done = threading.Event()
     try:
         check_project(args.project_dir, args.stack, args.action)
         pulumi = pulumi_cli()
@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{shutil.which(pulumi.command) or pulumi.command} "
             f"{pulumi.version}; the engine's output follows"
         )
-        _say_when_silent()
+        _say_when_silent(done)
         stack_file = find_stack_file(args.stack, args.project_dir)
         before = _bytes(stack_file)
         stack = open_stack(args.stack, args.project_dir, pulumi=pulumi)
@@ -541,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     finally:
+        done.set()
         if _lost_output:
             say(f"deploy: stdout could not be written ({_lost_output[0]}): the progress was lost")
     return 0

@@ -60,6 +60,7 @@ async def test_a_stop_does_not_wait_for_an_api_server_that_never_answers(
     kubeconfig = _kubeconfig(short_tmp, silent_api)
     await plugin.start(config, kubeconfig=kubeconfig, node_name="n1")
     await plugin.said("its selector matches none of this node's HCAs")  # the Event is due now
+    await plugin.said(": serving ")  # past its start: a stop now is a clean one
 
     t0 = time.monotonic()
     code = await plugin.terminate()
