@@ -31,16 +31,16 @@ from tests.e2e.procs import Proc, run
 from tests.plugin.plugin_process import free_port
 
 VM_NODE = "ljr-vmnode"
-PERFTEST_IMAGE = "localhost/perftest:vm"  # built in the guest from its own perftest package
+PERFTEST_IMAGE = "localhost/perftest:vm"  # built from infra/images/perftest.Dockerfile
 METRICS_PORT = 9460  # the rendered DaemonSet's --metrics-address port, on the node's network
 _CNI_PLUGINS = ("bridge", "host-local", "loopback")
 
 
 class VmNode:
-    def __init__(self, cluster: Cluster, image: Path, plugin_archive: Path, logs: Path) -> None:
+    def __init__(self, cluster: Cluster, image: Path, archives: list[Path], logs: Path) -> None:
         self.cluster = cluster
         self.image = image  # build.sh's output dir: vmlinuz, rootfs.cpio
-        self.plugin_archive = plugin_archive
+        self.archives = archives  # images built on the host (the plugin's, perftest's)
         self.logs = logs
         self.work = cluster.root / "vm"
         self.api_forward_port = free_port()
@@ -77,11 +77,8 @@ class VmNode:
             "etc/vmnode/ca.crt": self.cluster.root / "pki" / "ca.crt",
             "src/tests/__init__.py": REPO / "tests/__init__.py",
             "src/tests/e2e/__init__.py": REPO / "tests/e2e/__init__.py",
-            **{
-                f"src/tests/e2e/{m}.py": REPO / f"tests/e2e/{m}.py"
-                for m in ("tcp_forward", "oci", "vm_node_image")
-            },
-            "opt/images/plugin.tar": self.plugin_archive,
+            "src/tests/e2e/tcp_forward.py": REPO / "tests/e2e/tcp_forward.py",
+            **{f"opt/images/built-{i}.tar": a for i, a in enumerate(self.archives)},
             "opt/k8s/runc": peers.runc,
             **{f"opt/k8s/{p.name}": p for p in (peers.kubelet, peers.containerd, peers.ctr)},
             "opt/k8s/containerd-shim-runc-v2": peers.containerd_shim,
@@ -112,7 +109,6 @@ class VmNode:
             f"NODE={VM_NODE}\nAPI_ADDRESS={API_ADDRESS}\n"
             f"API_FORWARD_PORT={self.api_forward_port}\n"
             f"TOKEN={self.cluster.token}\n"
-            f"PERFTEST_IMAGE={PERFTEST_IMAGE}\n"
         )
         code = self.work / "code.cpio"
         with code.open("wb") as out:
