@@ -7,8 +7,9 @@ STACK ?= dev
 UV_VERSION := 0.13.9
 APT_PACKAGES := python3-venv python3-pyverbs ibverbs-providers rdma-core iproute2
 STAMP := $(VENV)/.synced
-# pytest-xdist workers of `make test`: one per core
-TEST_WORKERS ?= auto
+# pytest-xdist workers of `make test`: two per core, as many tests wait on a peer's answer or a
+# timeout, and a worker that waits leaves its core to another
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
 
 .PHONY: help setup render test lint typecheck proto bench test-rdma e2e vm-node engine monitoring cold-build deploy \
   image sample-image clean
