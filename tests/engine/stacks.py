@@ -49,8 +49,9 @@ def pods(api: Api, selector: str) -> list[dict[str, Any]]:
     return found["items"]
 
 
-def plugin_pods(api: Api) -> list[dict[str, Any]]:
-    return pods(api, f"app.kubernetes.io/name={PLUGIN}")
+def plugin_pods(api: Api, agent: str = PLUGIN) -> list[dict[str, Any]]:
+    """The node agent's pods (`rdma-dra-driver` in DRA mode: named after what it runs)."""
+    return pods(api, f"app.kubernetes.io/name={agent}")
 
 
 def up(stack: auto.Stack) -> tuple[auto.UpResult, float]:

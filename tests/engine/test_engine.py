@@ -26,6 +26,7 @@ from tests.e2e.cluster import BUSYBOX_IMAGE, NODE, Cluster
 from tests.e2e.kube import Api, ApiError
 from tests.e2e.scenario import node_resource, wait_allocatable
 from tests.engine.stacks import (
+    KEY,
     NAMESPACE,
     PLUGIN,
     OpenStack,
@@ -202,6 +203,7 @@ def test_a_job_that_never_finishes_fails_at_its_deadline(
 ) -> None:
     # 8 GPUs: no node has one, so its pod never starts and the Job never finishes
     set_list(local, "sampleJobs", ["hps-benchmark"])
+    local.remove_config(f"{KEY}:perftestImage")  # a sample not enabled: its image is refused
     set_config(local, "hpsBenchmarkImage", BUSYBOX_IMAGE)
     set_config(local, "jobAwaitTimeout", "20s")
 
@@ -220,6 +222,8 @@ def test_the_daemonset_await_ends_at_plugin_await_timeout(
     local: auto.Stack, workspace: Path, engine_env: dict[str, str]
 ) -> None:
     set_list(local, "sampleJobs", [])
+    for unused in ("hpsBenchmarkImage", "jobAwaitTimeout"):  # refused without their Job
+        local.remove_config(f"{KEY}:{unused}")
     set_config(local, "pluginImage", "localhost/lingjun-rdma-plugin:absent")
     set_config(local, "pluginAwaitTimeout", "20s")
 

@@ -67,7 +67,7 @@ def test_up_in_dra_mode_runs_the_driver_and_a_jobs_pod_gets_its_devices_through_
     print(f"engine: dra up: {took:.1f} s, {dict(result.summary.resource_changes or {})}")
 
     assert result.summary.result == "succeeded"
-    (pod,) = plugin_pods(api)
+    (pod,) = plugin_pods(api, "rdma-dra-driver")
     assert pod["spec"]["nodeName"] == NODE
     # Ready: its /healthz answers 200 only once the kubelet registered the driver
     ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}

@@ -1,8 +1,14 @@
-"""Run the Pulumi program under mocks once per (stack, overrides) and share the result."""
+"""Run the Pulumi program under mocks once per (stack, overrides) and share the result; the
+fixtures the infra commands' tests share."""
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from infra.commands.offline import Registered, RunResult, manifests, run_program
 from infra.stack.files import stack_config
@@ -41,3 +47,13 @@ def k8s_object(result: RunResult, kind: str, name: str) -> dict[str, Any]:
     found = [m for m in k8s_objects(result, kind) if m["metadata"]["name"] == name]
     assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
     return found[0]
+
+
+@pytest.fixture
+def mounted_out(tmp_path: Path) -> Iterator[Path]:
+    """--out as a container's volume: a mount point, which no rename can move."""
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(out)], check=True)
+    yield out
+    subprocess.run(["umount", "-l", str(out)], check=True)

@@ -1,5 +1,6 @@
 """The DRA driver as the kubelet meets it, for the tests: the driver run from its CLI as a
-subprocess, an HTTPS API server of fixed answers, and the kubelet's two calls."""
+subprocess, an HTTPS API server of fixed answers, a kubeconfig of one cluster and user, and the
+kubelet's two calls."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from tests.plugin.plugin_process import free_port
 from tests.plugin.sysfs_tree import SysfsTree
 
 TOKEN = "S3cret-token-0123456789"  # the driver's own: never in its log
+SERVER = "https://127.0.0.1:6443"  # of a kubeconfig the driver refuses before dialling it
 
 
 class Driver:
@@ -192,3 +194,26 @@ async def unprepare(driver: Driver, uid: str) -> v1.NodeUnprepareResourceRespons
             timeout=30,
         )
     return answer.claims[uid]
+
+
+def _kubeconfig(cluster: dict[str, object], user: object) -> dict[str, object]:
+    """A kubeconfig of `cluster` and `user`, in its one context, the current one."""
+    return {
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+
+
+async def _prepared_against(
+    api: OddApi, root: Path, tree: SysfsTree
+) -> tuple[Driver, v1.NodePrepareResourceResponse]:
+    """A driver of `api` started, claim u-1 prepared, the driver stopped, `api` closed."""
+    driver = Driver(root, tree, api.url)
+    await driver.start()
+    try:
+        return driver, await prepare(driver, "u-1")
+    finally:
+        assert await driver.stop() == 0
+        api.close()

@@ -1,4 +1,5 @@
-"""The plugin as a subprocess from its CLI, a kubelet-like peer, a fixture sysfs tree."""
+"""The plugin and the DRA driver as subprocesses from their CLIs, a kubelet-like peer, a fixture
+sysfs tree."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.plugin.dra_driver import Driver
 from tests.plugin.plugin_process import PluginProcess
 from tests.plugin.sysfs_tree import SysfsTree, two_mlx5
 
@@ -34,3 +36,11 @@ def read_only_dir(short_tmp: Path) -> Iterator[Path]:
     subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], check=True)
     yield path
     subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.fixture
+async def driver(short_tmp: Path, tree: SysfsTree) -> AsyncIterator[Driver]:
+    d = Driver(short_tmp, tree)
+    await d.start()
+    yield d
+    await d.stop()

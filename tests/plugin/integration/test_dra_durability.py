@@ -320,3 +320,100 @@ async def test_an_earlier_checkpoint_that_cannot_be_read_is_said_and_the_driver_
 
     assert f"{legacy} {said}" in driver.log.read_text()
     assert legacy.exists() == (there == "dir")
+
+
+async def test_a_prepare_whose_record_cannot_be_written_leaves_nothing_behind(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    """The claim is answered not prepared, its spec removed (nothing would remove it if its
+    pod went away before a retry), nothing said prepared; a retry once the record can be
+    written succeeds."""
+    result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
+    api = OddApi(short_tmp, 200, claim(result))
+    driver = Driver(short_tmp, tree, api.url)
+    record = _record(driver, "u-1")
+    spec = driver.spec.cdi_dir / f"{DRA_DRIVER}-u-1.json"
+    await driver.start()
+    try:
+        record.mkdir()  # a record that cannot be written (a full or read-only disk)
+        failed = await prepare(driver, "u-1")
+        spec_after_failure = spec.exists()
+        said_after_failure = driver.log.read_text()
+        record.rmdir()
+        retried = await prepare(driver, "u-1")
+    finally:
+        assert await driver.stop() == 0
+        api.close()
+
+    assert failed.error == (
+        f"claim default/c not prepared: cannot record it in {record.parent}: is a directory, "
+        "not a regular file: name a file to write (the kubelet asks again)"
+    )
+    assert "prepared claim" not in said_after_failure
+    assert not spec_after_failure
+    assert retried.error == ""
+    assert spec.exists()
+    assert json.loads(record.read_text()) == {"namespace": "default", "name": "c", "uid": "u-1"}
+    assert (
+        "INFO plugin.dra.prepare: prepared claim default/c (u-1): hca-0" in driver.log.read_text()
+    )
+
+
+async def test_a_prepare_whose_spec_cannot_be_written_is_not_recorded(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
+    api = OddApi(short_tmp, 200, claim(result))
+    driver = Driver(short_tmp, tree, api.url)
+    await driver.start()
+    try:
+        (driver.spec.cdi_dir / f"{DRA_DRIVER}-u-1.json").mkdir()  # the spec cannot be written
+        failed = await prepare(driver, "u-1")
+    finally:
+        assert await driver.stop() == 0
+        api.close()
+
+    assert "u-1.json there is a directory, not a spec: move it away" in failed.error
+    assert not _record(driver, "u-1").exists()
+    assert "prepared claim default/c (u-1)" not in driver.log.read_text()
+
+
+async def _one_run(
+    driver: Driver, request: v1.NodePrepareResourcesRequest
+) -> v1.NodePrepareResourcesResponse:
+    """Start the driver, send it `request`, stop it."""
+    await driver.start()
+    try:
+        target = grpc_target(dra_socket(driver.spec.plugins_dir, DRA_DRIVER))
+        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+            return await v1_grpc.DRAPluginStub(channel).NodePrepareResources(request, timeout=30)
+    finally:
+        assert await driver.stop() == 0
+
+
+async def test_the_claims_of_one_request_are_recorded_and_answered_after_a_restart(
+    short_tmp: Path, tree: SysfsTree
+) -> None:
+    """Each claim is recorded before the answer: a restarted driver keeps their specs and
+    answers the same (each made afresh from the API), and says none prepared anew."""
+    result = [{"driver": DRA_DRIVER, "pool": "node-a", "request": "r", "device": "hca-0"}]
+    claims = {f"u-{i}": f"c{i}" for i in range(1, 4)}
+    path = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/"
+    by_path = {path + name: claim(result, uid=uid, name=name) for uid, name in claims.items()}
+    api = OddApi(short_tmp, 200, b"{}", by_path=by_path)
+    driver = Driver(short_tmp, tree, api.url)
+    request = v1.NodePrepareResourcesRequest(
+        claims=[v1.Claim(namespace="default", uid=u, name=n) for u, n in claims.items()]
+    )
+    try:
+        first = await _one_run(driver, request)
+        again = await _one_run(driver, request)
+    finally:
+        api.close()
+
+    assert driver.log.read_text().count("prepared claim ") == 3  # the first run's only
+    assert all(_record(driver, u).exists() for u in claims)
+    assert all((driver.spec.cdi_dir / spec_file(DRA_DRIVER, u)).exists() for u in claims)
+    for answer in (first, again):
+        got = {u: (a.error, [d.device_name for d in a.devices]) for u, a in answer.claims.items()}
+        assert got == {u: ("", ["hca-0"]) for u in claims}
