@@ -57,6 +57,10 @@ def cdi_kind(driver: str) -> str:
     return f"{driver}/hca"
 
 
+# The DRA driver's program, as its refusals and Events name it.
+DRA_PROG = "rdma-dra-driver"
+
+
 def dra_socket(plugins_dir: Path, driver: str) -> Path:
     """Where the driver serves the kubelet's DRAPlugin service."""
     return plugins_dir / driver / "dra.sock"

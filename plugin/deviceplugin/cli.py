@@ -16,7 +16,6 @@ from plugin.core.kube import instance
 from plugin.core.kube.kubeapi import CredentialsError, KubeApi
 from plugin.core.node.discovery.choose import choose_discovery
 from plugin.core.node.discovery.model import DiscoveryError
-from plugin.deviceplugin import supervisor
 from plugin.launch import MAX_UNIX_PATH, socket_name
 
 logger = logging.getLogger("plugin")
@@ -54,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     start_log(spec.log_level)
     named = launch.with_node_name(spec)
     if isinstance(named, str):
-        say(f"{supervisor.PROG}: {named}")
+        say(f"rdma-device-plugin: {named}")
         return 2
     spec = named
     try:
@@ -79,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_signals("rdma-device-plugin", "before serving")
     try:
         with instance.held(spec.device_plugin_dir):
+            from plugin.deviceplugin import supervisor  # grpc's import: paid once it serves
+
             code = asyncio.run(supervisor.run(spec, config, discovery, api))
             ignore_stops()
             return code

@@ -15,7 +15,7 @@ from plugin.core.kube import instance
 from plugin.core.kube.kubeapi import CredentialsError, KubeApi
 from plugin.core.node.discovery.choose import choose_discovery
 from plugin.core.node.discovery.model import DiscoveryError
-from plugin.dra import driver
+from plugin.launch import DRA_PROG as PROG
 from plugin.launch import NODE_NAME_ENV, DraLaunchSpec
 
 logger = logging.getLogger("plugin")
@@ -25,18 +25,18 @@ def main(argv: list[str] | None = None) -> int:
     spec = launch.parse(
         argv,
         DraLaunchSpec,
-        driver.PROG,
+        PROG,
         "Kubernetes DRA driver for RDMA HCAs (resource.k8s.io/v1): shared and exclusive",
     )
     start_log(spec.log_level)
     named = launch.with_node_name(spec)
     if isinstance(named, str):
-        say(f"{driver.PROG}: {named}")
+        say(f"{PROG}: {named}")
         return 2
     spec = named
     node = spec.node_name
     if not node:
-        say(f"{driver.PROG}: no node name: pass --node-name, or set ${NODE_NAME_ENV}")
+        say(f"{PROG}: no node name: pass --node-name, or set ${NODE_NAME_ENV}")
         return 2
     try:
         config = load_config(spec.config_path, explicit=spec.config is not None)
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             raise refused
         discovery = choose_discovery(spec.discovery, spec.sysfs_root, spec.dev_root)
     except (ConfigError, DiscoveryError, CredentialsError, OSError) as exc:
-        say(f"{driver.PROG}: {exc}")
+        say(f"{PROG}: {exc}")
         return 2
     logger.info(
         "driver %s on node %s; discovery: %s; pools: %s",
@@ -61,14 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     own = spec.plugins_dir / spec.driver_name  # its sockets, checkpoint and lock
     if own.exists() and not own.is_dir():
-        say(f"{driver.PROG}: --plugins-dir: {own} is not a directory: move it away")
+        say(f"{PROG}: --plugins-dir: {own} is not a directory: move it away")
         return 2
-    exit_on_signals(driver.PROG, "before serving")
+    exit_on_signals(PROG, "before serving")
     try:
         with instance.held(own):
+            from plugin.dra import driver  # grpc's import: paid once the driver serves
+
             code = asyncio.run(driver.run(spec, node, config, discovery, api))
             ignore_stops()
             return code
     except instance.LockError as exc:
-        say(f"{driver.PROG}: --plugins-dir {exc}")
+        say(f"{PROG}: --plugins-dir {exc}")
         return 2

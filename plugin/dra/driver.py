@@ -28,11 +28,10 @@ from plugin.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from plugin.dra.prepare import Preparer
 from plugin.dra.servicer import RegistrationServicer, add_dra_services
 from plugin.dra.slices import SlicePublisher
+from plugin.launch import DRA_PROG as PROG
 from plugin.launch import DraLaunchSpec, cdi_kind, dra_socket, registration_socket
 
 logger = logging.getLogger(__name__)
-
-PROG = "rdma-dra-driver"
 
 
 # The kubelet's dirs are root's: a driver run by another user cannot serve there.

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +32,7 @@ from infra.commands.render import (
 from infra.stack.files import StackFileError, stack_config
 from infra.stack.keys import PROJECT_DIR
 from tests.infra.conftest import STACKS, run
+from tests.infra.helpers import RENDER, _cli
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -177,11 +176,7 @@ def test_a_render_never_deletes_what_it_did_not_write(
 
 
 def _render_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "infra.commands.render", "--stack", "dev", *args],
-        cwd=cwd, env={**os.environ, "PYTHONPATH": str(PROJECT_DIR)},
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    return _cli(RENDER, "--stack", "dev", *args, cwd=cwd)
 
 
 def test_out_dot_in_a_directory_of_other_files_is_refused_and_deletes_nothing(
