@@ -6,17 +6,15 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
 import time
 
 import pytest
-import yaml
 
 from plugin.core.node.problems import HCA_UNHEALTHY
 from plugin.launch import EVENT_NAMESPACE, cdi_spec_name
 from tests.e2e.cluster import NODE, Cluster
 from tests.e2e.kube import Api, allocatable_ids, pod_devices
-from tests.e2e.node import CDI_DIR, REPO, Plugin
+from tests.e2e.node import CDI_DIR, Plugin
 from tests.e2e.procs import eventually
 from tests.e2e.scenario import (
     RESOURCE,
@@ -230,35 +228,6 @@ def test_exclusive_pool_reports_numa_topology_per_pod(
 
 
 # 9 -----------------------------------------------------------------------------------------
-def test_rendered_local_manifests_pass_server_side_dry_run(api: Api, cluster: Cluster) -> None:
-    subprocess.run(["make", "render", "STACK=local"], cwd=REPO, check=True, timeout=300)
-    out = REPO / "out" / "local"
-    docs = [
-        d
-        for f in sorted(out.rglob("*.yaml"))
-        for d in yaml.safe_load_all(f.read_text())
-        if isinstance(d, dict)
-    ]
-    assert docs, f"make render STACK=local wrote no manifest under {out}"
-    kubectl = [str(cluster.peers.kubectl), f"--kubeconfig={cluster.kubeconfig}"]
-    # A dry run creates nothing, so the namespaced objects need their namespace for real first:
-    # applied from its own manifest (so the dry run sees it as kubectl-managed, no warning).
-    for f in sorted(out.rglob("*.yaml")):
-        if any(d.get("kind") == "Namespace" for d in yaml.safe_load_all(f.read_text()) if d):
-            subprocess.run([*kubectl, "apply", "-f", str(f)], check=True, timeout=120)
-    namespaces = {n["metadata"]["name"] for n in api.get("/api/v1/namespaces")["items"]}
-    for ns in sorted({d["metadata"].get("namespace") for d in docs} - namespaces - {None}):
-        api.call("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
-
-    done = subprocess.run(
-        [*kubectl, "apply", "--dry-run=server", "--recursive", "-f", str(out)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-
-    assert done.returncode == 0, done.stderr
-    assert not re.search(r"(?i)warning|error", done.stderr), done.stderr
-
-
 # 11 ----------------------------------------------------------------------------------------
 def test_with_cdi_a_pod_gets_exactly_its_device_nodes_through_the_runtime(
     session_plugin: Plugin, api: Api, pods: list[str]

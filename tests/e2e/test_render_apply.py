@@ -5,6 +5,7 @@ nothing the objects in it could be checked in)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -24,12 +25,19 @@ def test_a_render_is_applied_whole_by_kubectl_apply_k(cluster: Cluster, api: str
         cwd=REPO, check=True, timeout=300,
     )  # fmt: skip
     listed = (out / "kustomization.yaml").read_text()
-    cluster.kubectl("create", "namespace", "lingjun-rdma")
+    cluster.kubectl("create", "namespace", "lingjun-rdma", "--save-config")
     try:
-        said = cluster.kubectl("apply", "-k", str(out), "--dry-run=server")
+        done = subprocess.run(
+            [str(cluster.peers.kubectl), f"--kubeconfig={cluster.kubeconfig}", "apply", "-k",
+             str(out), "--dry-run=server"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
     finally:
         cluster.kubectl("delete", "namespace", "lingjun-rdma", "--wait=true")
 
+    assert done.returncode == 0, done.stderr
+    assert not re.search(r"(?i)warning|error", done.stderr), done.stderr
     objects = [n for n in listed.splitlines() if n.startswith("- ")]
     assert objects
-    assert len([line for line in said.splitlines() if "(server dry run)" in line]) == len(objects)
+    applied = [line for line in done.stdout.splitlines() if "(server dry run)" in line]
+    assert len(applied) == len(objects)
