@@ -17,11 +17,12 @@ from plugin.config import Pool
 from plugin.core.kube.cdi import SpecFile
 from plugin.core.kube.sockets import (
     CHANNEL_OPTIONS,
+    FileId,
     bind_problem,
     clear_stale_socket,
     connect_error,
+    file_id,
     grpc_target,
-    inode,
 )
 from plugin.core.metrics.exposition import Metrics
 from plugin.core.node import pools
@@ -63,11 +64,11 @@ class Endpoint:
         # ending is the kubelet replacing it, not the kubelet dropping us.
         self._generation = 0
         self._server: grpc.aio.Server | None = None
-        self._inode: int | None = None
+        self._socket_id: FileId | None = None
         self.served = False  # its socket has been served at least once
         # Level-triggered: a wake only says "look again"; what to do follows from this state, so
         # a burst of events (a kubelet restart gives three) leads to one registration.
-        self._registered_with: int | None = None  # inode of the kubelet.sock we registered with
+        self._registered_with: FileId | None = None  # the kubelet.sock we registered with
         self._stream_lost = False
         self._wake = asyncio.Event()
         self._said: str | None = None  # what we last said we wait for (each reason said once)
@@ -107,7 +108,9 @@ class Endpoint:
     @property
     def serving(self) -> bool:
         return (
-            self._server is not None and self._inode is not None and self._inode == inode(self.path)
+            self._server is not None
+            and self._socket_id is not None
+            and self._socket_id == file_id(self.path)
         )
 
     @property
@@ -116,7 +119,7 @@ class Endpoint:
             self.serving
             and not self._stream_lost
             and self._registered_with is not None
-            and self._registered_with == inode(self.kubelet)
+            and self._registered_with == file_id(self.kubelet)
         )
 
     async def run(self) -> None:
@@ -149,7 +152,7 @@ class Endpoint:
         later and later (up to _BACKOFF_MAX), not thousands a minute; one whose stream lived a
         while, or a new kubelet (kubelet.sock made again), gets it at once."""
         lived = asyncio.get_running_loop().time() - self._registered_at
-        if lived >= _STABLE or inode(self.kubelet) != self._registered_with:  # a new kubelet
+        if lived >= _STABLE or file_id(self.kubelet) != self._registered_with:  # a new kubelet
             self._flap_backoff = 0.0
             return
         self._flap_backoff = min(max(self._flap_backoff * 2, _BACKOFF_START), _BACKOFF_MAX)
@@ -160,7 +163,7 @@ class Endpoint:
         )
         await asyncio.sleep(self._flap_backoff)
 
-    async def _register_unless_moot(self, target: int | None) -> bool:
+    async def _register_unless_moot(self, target: FileId | None) -> bool:
         """One Register, sent only to the kubelet.sock we looked at (`target`) before we saw our
         socket served; False when abandoned, before it was sent or while it was in flight,
         because our socket went away or kubelet.sock was re-created. A starting kubelet deletes
@@ -197,10 +200,10 @@ class Endpoint:
         self._wake.set()  # whatever woke us while the call ran: the run loop looks again
         return True
 
-    def _moot(self, target: int | None) -> bool:
+    def _moot(self, target: FileId | None) -> bool:
         """Our socket is gone or kubelet.sock is no longer `target`: a registration must start
         over."""
-        if self.serving and inode(self.kubelet) == target:
+        if self.serving and file_id(self.kubelet) == target:
             return False
         logger.info(
             "%s: %s changed while registering: starting over",
@@ -209,7 +212,7 @@ class Endpoint:
         )
         return True
 
-    async def _unless_moot(self, work: Awaitable[object], target: int | None) -> bool:
+    async def _unless_moot(self, work: Awaitable[object], target: FileId | None) -> bool:
         """Await `work`; False (and `work` cancelled) if, woken meanwhile, the registration
         turned moot. Raises what `work` raises."""
         task = asyncio.ensure_future(work)
@@ -265,7 +268,7 @@ class Endpoint:
         if self._server is not None:
             await self._server.stop(grace=1)
             self._server = None
-        if self._inode is not None and inode(self.path) == self._inode:
+        if self._socket_id is not None and file_id(self.path) == self._socket_id:
             self.path.unlink(missing_ok=True)
 
     async def _restart_server(self) -> None:
@@ -281,7 +284,7 @@ class Endpoint:
         api_pb2_grpc.add_DevicePluginServicer_to_server(self._servicer, server)
         server.add_insecure_port(grpc_target(self.path))
         await server.start()
-        self._server, self._inode = server, inode(self.path)
+        self._server, self._socket_id = server, file_id(self.path)
         self.served = True
         # the kubelet must dial the new socket; a stream lost on the old one is no kubelet
         # ending streams on this one, to be held off as a flap
@@ -310,7 +313,7 @@ class Endpoint:
         kubelet = self.kubelet
         while True:
             # kubelet.sock looked at before our socket is: see _register_unless_moot
-            target = inode(kubelet)
+            target = file_id(kubelet)
             if not self.serving:  # a kubelet starting up may delete our socket at any point
                 return False
             why = _not_a_kubelet(kubelet)

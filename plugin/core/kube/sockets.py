@@ -66,9 +66,16 @@ def connect_error(path: Path) -> str:
     return "accepts connections, but grpc's connection failed"
 
 
-def inode(path: Path) -> int | None:
-    """The inode of `path` (which socket file is there now), or None."""
+# Which file is at a path: its inode and when it was made (a socket's mtime is its bind's: no
+# rename or link changes it). A file made again there often gets the same inode number back
+# (ext4 gives a freed one out at once): the time tells them apart.
+FileId = tuple[int, int]
+
+
+def file_id(path: Path) -> FileId | None:
+    """Which socket file is at `path` now, or None."""
     try:
-        return path.stat().st_ino
+        st = path.stat()
     except OSError:
         return None
+    return st.st_ino, st.st_mtime_ns
