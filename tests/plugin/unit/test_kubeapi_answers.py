@@ -163,21 +163,10 @@ def test_a_server_the_kubeconfigs_ca_does_not_verify_is_said_once_naming_the_fil
          "-subj", "/CN=other", "-keyout", str(tmp_path / "other.key"), "-out", str(other)],
         check=True, capture_output=True,
     )  # fmt: skip
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "clusters": [{"name": "c", "cluster": {
-            "server": f"https://127.0.0.1:{port}", "certificate-authority": str(other)}}],
-        "users": [{"name": "u", "user": {"token": "t0k3n-abcdefgh"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }))  # fmt: skip
+    kubeconfig = _kubeconfig(tmp_path, port, {"certificate-authority": str(other)})
     api = KubeApi.from_kubeconfig(kubeconfig)
 
-    failures = []
-    for _ in range(3):
-        with pytest.raises(KubeApiError) as caught:
-            api.call("GET", "/api/v1/nodes/n1")
-        failures.append(caught.value)
+    failures = _failures(api, 3)
 
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert errors == [
@@ -188,6 +177,16 @@ def test_a_server_the_kubeconfigs_ca_does_not_verify_is_said_once_naming_the_fil
     ]
     assert all(f.said for f in failures)
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def _failures(api: KubeApi, n: int) -> list[KubeApiError]:
+    """The errors of `n` calls, each expected to fail."""
+    failures = []
+    for _ in range(n):
+        with pytest.raises(KubeApiError) as caught:
+            api.call("GET", "/api/v1/nodes/n1")
+        failures.append(caught.value)
+    return failures
 
 
 def _kubeconfig(tmp_path: Path, port: int, cluster: dict[str, object]) -> Path:
@@ -233,11 +232,7 @@ def test_a_credential_the_server_does_not_take_is_named_and_said_once(
     kubeconfig = _kubeconfig(tmp_path, port, {"insecure-skip-tls-verify": True})
     api = KubeApi.from_kubeconfig(kubeconfig)
 
-    failures = []
-    for _ in range(3):
-        with pytest.raises(KubeApiError) as caught:
-            api.call("GET", "/api/v1/nodes/n1")
-        failures.append(caught.value)
+    failures = _failures(api, 3)
 
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert errors == [
