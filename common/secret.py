@@ -8,7 +8,6 @@ header or the environment), whole or cut short, as it is, escaped by the format 
 from __future__ import annotations
 
 import base64
-import html
 import logging
 import re
 import sys
@@ -26,8 +25,20 @@ _ROUNDS = 3
 # Percent-escaped bytes (a run of them is one UTF-8 text); HTML's character references;
 # \uXXXX (JSON), \UXXXXXXXX, \xXX (C)
 _PERCENT = re.compile(r"(?:%[0-9a-fA-F]{2})+")
-_CHARREF = re.compile(r"&(#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[A-Za-z][A-Za-z0-9]{0,31};)")
+_CHARREF = re.compile(r"&(?:#([0-9]{1,7});?|#[xX]([0-9a-fA-F]{1,6});?|(amp|lt|gt|quot|apos);)")
+# The named references an error page escapes text with (what html.escape writes); a secret's
+# other characters come back as numeric ones. html.unescape's table of 2231 names costs a node
+# agent 0.46 MiB of RSS for names no escaper writes.
+_NAMED = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
 _ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})|\\U([0-9a-fA-F]{8})|\\x([0-9a-fA-F]{2})")
+
+
+def _referenced(match: re.Match[str]) -> str:
+    decimal, hexadecimal, name = match.groups()
+    if name:
+        return _NAMED[name]
+    code = int(decimal) if decimal else int(hexadecimal, 16)
+    return chr(code) if 0 < code <= sys.maxunicode else match.group(0)
 
 
 def _unescaped(match: re.Match[str]) -> str:
@@ -73,7 +84,7 @@ def _unescape(text: str) -> _Decoded:
     for _ in range(_ROUNDS):
         plain = (
             found.sub(_PERCENT, lambda m: unquote(m.group(0)))
-            .sub(_CHARREF, lambda m: html.unescape(m.group(0)))
+            .sub(_CHARREF, _referenced)
             .sub(_ESCAPE, _unescaped)
         )
         if plain is found:
